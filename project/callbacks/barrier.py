@@ -1,0 +1,116 @@
+"""The seed's ``synchronize()``: a named barrier at chosen points that never hangs silently.
+
+On one process it does nothing (as the seed's helper returns when world size is 1). Otherwise every
+rank waits at a *monitored* barrier: on gloo, ``torch.distributed.monitored_barrier`` names the ranks
+that did not arrive within ``timeout_s``; on other backends an asynchronous barrier is waited on with
+the same deadline. Each rank's wait is measured, gathered, and the slowest and fastest are logged as
+``barrier/<point>/wait_s_max`` and ``barrier/<point>/wait_s_min`` so stragglers show up in TensorBoard.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import lightning as L
+import torch
+import torch.distributed as dist
+
+POINTS = ("setup", "fit_start", "train_epoch_end", "validation_epoch_end", "test_start", "fit_end")
+
+
+class BarrierTimeoutError(RuntimeError):
+    """Raised when some ranks did not reach a barrier in time."""
+
+
+def synchronize(name: str, timeout_s: float) -> float:
+    """Wait for every rank at barrier ``name``; return this rank's wait in seconds.
+
+    A no-op (returns 0.0) unless torch.distributed is available, initialised and has > 1 rank.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return 0.0
+    start = time.perf_counter()
+    timeout = timedelta(seconds=timeout_s)
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=timeout, wait_all_ranks=True)
+        else:
+            work = dist.barrier(async_op=True)
+            if not work.wait(timeout=timeout):
+                raise RuntimeError(f"not every rank arrived within {timeout_s:g} s")
+    except RuntimeError as error:
+        detail = str(error).splitlines()[0] if str(error) else "timed out"
+        raise BarrierTimeoutError(
+            f"barrier '{name}' failed on rank {dist.get_rank()} after {time.perf_counter() - start:.1f} s "
+            f"(timeout {timeout_s:g} s): {detail}"
+        ) from error
+    return time.perf_counter() - start
+
+
+class BarrierCallback(L.Callback):
+    """Named, timed barriers at configurable points of a run.
+
+    Args:
+        points: Where to synchronise; any of setup, fit_start, train_epoch_end, validation_epoch_end,
+            test_start, fit_end.
+        timeout_s: Seconds to wait before failing with the names of the missing ranks.
+        log_waits: Log the slowest/fastest wait per barrier to the logger.
+    """
+
+    def __init__(
+        self,
+        points: list[str] | None = None,
+        timeout_s: float = 300.0,
+        log_waits: bool = True,
+    ) -> None:
+        chosen = list(POINTS) if points is None else list(points)
+        unknown = [p for p in chosen if p not in POINTS]
+        if unknown:
+            raise ValueError(f"BarrierCallback points {unknown} are unknown; choose from {list(POINTS)}")
+        if timeout_s <= 0:
+            raise ValueError(f"BarrierCallback timeout_s={timeout_s} must be > 0")
+        self.points = set(chosen)
+        self.timeout_s = timeout_s
+        self.log_waits = log_waits
+        #: (point, min wait, max wait) of every barrier this process passed, for inspection.
+        self.history: list[tuple[str, float, float]] = []
+
+    def _barrier(self, trainer: L.Trainer, point: str) -> None:
+        if point not in self.points or trainer.world_size == 1:
+            return
+        waited = synchronize(point, self.timeout_s)
+        # Every rank takes part in the gather; only rank 0 writes.
+        waits = trainer.strategy.all_gather(torch.tensor(waited, dtype=torch.float64))
+        low, high = float(waits.min()), float(waits.max())
+        self.history.append((point, low, high))
+        if self.log_waits and trainer.is_global_zero and trainer.logger is not None:
+            trainer.logger.log_metrics(
+                {f"barrier/{point}/wait_s_max": high, f"barrier/{point}/wait_s_min": low},
+                step=trainer.global_step,
+            )
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Barrier after setup (all ranks built their model and data)."""
+        self._barrier(trainer, "setup")
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Barrier before the first step."""
+        self._barrier(trainer, "fit_start")
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Barrier at the end of each training epoch."""
+        self._barrier(trainer, "train_epoch_end")
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Barrier at the end of each validation epoch (skipped during the sanity check)."""
+        if not trainer.sanity_checking:
+            self._barrier(trainer, "validation_epoch_end")
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Barrier before testing."""
+        self._barrier(trainer, "test_start")
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Barrier when fitting is done."""
+        self._barrier(trainer, "fit_end")

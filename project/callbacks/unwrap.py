@@ -1,0 +1,92 @@
+"""The seed's ``model = model.module`` for evaluation, and the export of the bare network.
+
+During ``fit`` Lightning routes validation through the DDP wrapper. This callback evaluates the bare
+module instead, with every rank holding rank 0's buffers (so each rank evaluates exactly the model
+that is checkpointed and exported), over unpadded shards (see ``project.parallel.sampling``). At the
+end of ``fit``, rank 0 alone exports the plain network of the best checkpoint (or of the final
+weights when there is none) to ``<run>/export/``.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
+
+from project.export import export_network, match_state_dict, safe_load, unwrap
+
+
+def broadcast_buffers_from_rank0(trainer: L.Trainer, module: nn.Module) -> None:
+    """Copy rank 0's buffers (e.g. BatchNorm running statistics) to every rank."""
+    if trainer.world_size == 1:
+        return
+    for buffer in module.buffers():
+        buffer.copy_(trainer.strategy.broadcast(buffer, src=0))
+
+
+class UnwrapEvalCallback(L.Callback):
+    """Evaluate the unwrapped module during fit and export it at the end.
+
+    Args:
+        export: Write ``export/model.pt`` and ``export/model.json`` into the run directory at fit end.
+        export_best: Export the best checkpoint's weights (the ones ``test`` after fit evaluates)
+            instead of the final ones, when a monitored checkpoint exists.
+        net_attribute: Attribute of the LightningModule that holds the plain network.
+    """
+
+    def __init__(self, export: bool = True, export_best: bool = True, net_attribute: str = "net") -> None:
+        self.export = export
+        self.export_best = export_best
+        self.net_attribute = net_attribute
+        self._wrapper: nn.Module | None = None
+        #: Path of the last export (rank 0), for the CLI's closing message.
+        self.export_dir: Path | None = None
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Swap the DDP wrapper for the bare module while validating (``model = model.module``)."""
+        model = trainer.strategy.model
+        if model is not None and unwrap(model) is not model:
+            broadcast_buffers_from_rank0(trainer, pl_module)
+            self._wrapper = model
+            trainer.strategy.model = pl_module
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Put the wrapper back for training."""
+        if self._wrapper is not None:
+            trainer.strategy.model = self._wrapper
+            self._wrapper = None
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Rank 0 exports the plain network; the others wait for nothing (no collective here)."""
+        if not self.export:
+            return
+        log_dir = trainer.log_dir  # collective on every rank before the rank check
+        if not trainer.is_global_zero or log_dir is None or trainer.fast_dev_run:
+            return
+        net = getattr(unwrap(pl_module), self.net_attribute, None)
+        if not isinstance(net, nn.Module):
+            raise AttributeError(
+                f"{type(pl_module).__name__} has no network at `.{self.net_attribute}`; "
+                "set UnwrapEvalCallback(net_attribute=...) to the attribute that holds it"
+            )
+        best = self._best_path(trainer)
+        if best is not None:
+            # A copy, so the in-memory model (and what `test` after fit sees) is untouched.
+            net = _copy_with_weights(net, best)
+        self.export_dir = export_network(net, Path(log_dir) / "export")
+
+    def _best_path(self, trainer: L.Trainer) -> str | None:
+        checkpoint = trainer.checkpoint_callback
+        if not self.export_best or not isinstance(checkpoint, ModelCheckpoint) or checkpoint.monitor is None:
+            return None
+        return checkpoint.best_model_path or None
+
+
+def _copy_with_weights(net: nn.Module, checkpoint_path: str) -> nn.Module:
+    clone = copy.deepcopy(net).cpu()
+    state = safe_load(checkpoint_path)["state_dict"]
+    clone.load_state_dict(match_state_dict(state, clone))
+    return clone

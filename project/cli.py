@@ -1,0 +1,244 @@
+"""``python -m project fit|validate|test|predict|plan``: LightningCLI plus the ``parallel`` section.
+
+What this adds to LightningCLI, and nothing more:
+
+- ``parallel``: resolved into a :class:`~project.parallel.plan.Plan` before anything is built; the
+  plan owns the Trainer's accelerator/devices/strategy/num_nodes/sync_batchnorm and the per-device
+  batch size, and is written to ``plan.json`` in the run directory.
+- ``plan``: prints that resolution (``--json`` for machines, ``--assume_gpus N`` for another machine).
+- ``fit`` tests the best checkpoint afterwards (``--test_after_fit``) and says where the run went.
+- Legacy ``--local_rank``/``--local-rank`` from ``torch.distributed.launch`` is accepted and checked.
+- Bad input (unknown or bad values, missing files) is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from jsonargparse import ActionYesNo, Namespace
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from project.callbacks.run_record import RunRecordCallback
+from project.errors import UserError, run_reporting_user_errors
+from project.export import safe_load
+from project.parallel.environment import LEGACY_FLAG_ENV, detect_environment, strip_legacy_local_rank
+from project.parallel.plan import Hardware, ParallelConfig, Plan, resolve_plan
+
+# Trainer settings that the plan decides when `parallel` is given.
+PLAN_OWNED_TRAINER_KEYS = ("accelerator", "devices", "strategy", "num_nodes", "sync_batchnorm")
+# Values of --ckpt_path that Lightning resolves itself.
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if isinstance(value, Namespace):
+        return value.as_dict()
+    if isinstance(value, dict):
+        return dict(value)
+    return dict(vars(value))
+
+
+class ProjectCLI(LightningCLI):
+    """LightningCLI with the ``parallel`` section and the ``plan`` subcommand."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("model_class", L.LightningModule)
+        kwargs.setdefault("datamodule_class", L.LightningDataModule)
+        kwargs.setdefault("subclass_mode_model", True)
+        kwargs.setdefault("subclass_mode_data", True)
+        # Each run gets a fresh version directory, so an existing config.yaml is never a reason to fail.
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        self.plan: Plan | None = None
+        super().__init__(*args, **kwargs)
+
+    # ----------------------------------------------------------------- parser
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Add the ``parallel`` section (``null`` leaves the trainer settings to plain Lightning)."""
+        parser.add_argument(
+            "--parallel",
+            type=ParallelConfig | None,
+            default=None,
+            help="The seed's DP/DDP scenarios as one section; see configs/parallel/ and `plan`.",
+        )
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        self._subcommand_parsers["fit"].add_argument(
+            "--test_after_fit",
+            type=bool,
+            default=True,
+            help="After fit, test the best checkpoint (the last weights when there is none).",
+        )
+        plan_parser = self.init_parser(description="Resolve the parallel layout without training.")
+        self._add_arguments(plan_parser)
+        plan_parser.add_argument("--assume_gpus", type=int | None, default=None, help="Plan for a machine with N GPUs.")
+        plan_parser.add_argument("--json", action=ActionYesNo, default=False, help="Print one JSON object.")
+        self._subcommand_parsers["plan"] = plan_parser
+        self._subcommand_method_arguments["plan"] = []
+        assert parser._subcommands_action is not None
+        parser._subcommands_action.add_subcommand(
+            "plan", plan_parser, help="Resolve the parallel layout without training."
+        )
+
+    # ------------------------------------------------------------- resolution
+    def _parse_ckpt_path(self) -> None:
+        """Refuse a missing, corrupt or unsafe --ckpt_path with one line, before anything is built."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and ckpt_path not in SPECIAL_CKPT_PATHS:
+            checkpoint = safe_load(ckpt_path)  # raises UserError naming the file
+            if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+                raise UserError(f"--ckpt_path '{ckpt_path}' is not a Lightning checkpoint (no state_dict)")
+        super()._parse_ckpt_path()
+
+    def _section(self) -> Namespace:
+        return self.config[self.subcommand] if self.subcommand else self.config
+
+    def before_instantiate_classes(self) -> None:
+        """Resolve the ``parallel`` section into a plan and apply its batch size to the data config."""
+        config = self._section()
+        parallel = config.get("parallel")
+        assume = config.get("assume_gpus") if self.subcommand == "plan" else None
+        if parallel is None and self.subcommand != "plan":
+            return
+        self._refuse_trainer_overlap(config, parallel)
+        settings = ParallelConfig(**_as_dict(parallel)) if parallel is not None else ParallelConfig()
+        if assume is not None and assume < 0:
+            raise UserError(f"--assume_gpus={assume} must be >= 0")
+        hardware = Hardware(gpus=torch.cuda.device_count(), assumed=False) if assume is None else Hardware(assume, True)
+        self.plan = resolve_plan(settings, hardware, detect_environment(), self._data_batch_size(config))
+        data = config.get("data")
+        if self.plan.per_device_batch_size is not None and data is not None and "batch_size" in data.init_args:
+            data.init_args.batch_size = self.plan.per_device_batch_size
+
+    def _data_batch_size(self, config: Namespace) -> int | None:
+        data = config.get("data")
+        if data is None or not isinstance(data, Namespace) or "init_args" not in data:
+            return None
+        value = data.init_args.get("batch_size")
+        return int(value) if isinstance(value, int) else None
+
+    def _refuse_trainer_overlap(self, config: Namespace, parallel: Any) -> None:
+        if parallel is None:
+            return
+        defaults = self._parser(self.subcommand).get_defaults().trainer
+        for key in PLAN_OWNED_TRAINER_KEYS:
+            value = config.trainer.get(key)
+            if value != defaults.get(key):
+                raise UserError(
+                    f"trainer.{key}={value!r} and the parallel section both set the layout; "
+                    f"drop trainer.{key} (the parallel section decides it), or set `parallel: null` "
+                    "to use plain Lightning trainer settings"
+                )
+
+    # ---------------------------------------------------------- instantiation
+    def instantiate_classes(self) -> None:
+        """Build model, data and trainer; `plan` builds nothing."""
+        if self.subcommand == "plan":
+            return
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError) as error:
+            # Raised by the user's classes for bad init args (e.g. dropout=2): a config mistake.
+            if isinstance(error, UserError):
+                raise
+            raise UserError(f"could not build the model/data/trainer from the config: {error}") from error
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        """The Trainer, with the plan's layout and the plan.json record."""
+        if self.plan is not None:
+            kwargs = {**self.plan.trainer_kwargs(), **kwargs}
+        trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.append(RunRecordCallback(self.plan.to_dict() if self.plan else None))
+        return trainer
+
+    # -------------------------------------------------------------- running
+    def _run_subcommand(self, subcommand: str) -> None:
+        if subcommand == "plan":
+            self._print_plan()
+            return
+        if subcommand in ("validate", "test", "predict"):
+            self._refuse_mismatched_checkpoint()
+        super()._run_subcommand(subcommand)
+
+    def _refuse_mismatched_checkpoint(self) -> None:
+        ckpt_path = self._section().get("ckpt_path")
+        if not ckpt_path or ckpt_path in SPECIAL_CKPT_PATHS:
+            return
+        state = safe_load(ckpt_path)["state_dict"]
+        own = self.model.state_dict()
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+        if missing or unexpected or wrong:
+            raise UserError(
+                f"--ckpt_path '{ckpt_path}' is a checkpoint of another model: missing keys {missing[:8]}, "
+                f"unexpected keys {unexpected[:8]}, shape mismatches {wrong[:8]}; "
+                "use the config the checkpoint was trained with"
+            )
+
+    def _print_plan(self) -> None:
+        assert self.plan is not None
+        data = self.plan.to_dict()
+        if self._section().get("parallel") is None:
+            data["notes"] = [
+                *data["notes"],
+                "no parallel section: this is what `parallel.scenario: auto` would do",
+            ]
+        if self._section().get("json"):
+            sys.stdout.write(json.dumps(data) + "\n")
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="parallel plan", show_header=False)
+        for key, value in data.items():
+            table.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
+        Console().print(table)
+
+    def after_fit(self) -> None:
+        """Test the best checkpoint, then say where the run went."""
+        if self._section().get("test_after_fit"):
+            checkpoint = self.trainer.checkpoint_callback
+            best = getattr(checkpoint, "best_model_path", "") if checkpoint is not None else ""
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if best else None)
+        self._say_where_the_run_went()
+
+    def after_test(self) -> None:
+        """Say where the test run went."""
+        self._say_where_the_run_went()
+
+    def after_validate(self) -> None:
+        """Say where the validation run went."""
+        self._say_where_the_run_went()
+
+    def _say_where_the_run_went(self) -> None:
+        log_dir = self.trainer.log_dir
+        if self.trainer.is_global_zero and log_dir and Path(log_dir).is_dir():
+            print(f"Run directory: {log_dir}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m project``; ``argv`` defaults to the command line."""
+
+    def run() -> None:
+        args, legacy = strip_legacy_local_rank(sys.argv[1:] if argv is None else argv)
+        if legacy:
+            os.environ[LEGACY_FLAG_ENV] = "1"
+        if argv is None:
+            # Lightning's launcher re-runs sys.argv for ranks 1..N-1: keep it equal to what we parse.
+            sys.argv[1:] = args
+            ProjectCLI()
+        else:
+            ProjectCLI(args=args)
+
+    try:
+        run_reporting_user_errors(run)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None

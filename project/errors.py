@@ -1,0 +1,43 @@
+"""User-facing errors: one line, the bad value, the rule and the fix; exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
+T = TypeVar("T")
+
+#: Exit code for bad input, the same that argparse/jsonargparse use for a bad command line.
+USAGE_EXIT_CODE = 2
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for; reported as one line, never as a traceback."""
+
+
+def debug_enabled() -> bool:
+    """Whether tracebacks should be shown (``PROJECT_DEBUG=1``)."""
+    return os.environ.get("PROJECT_DEBUG", "") not in ("", "0", "false")
+
+
+def exit_with(error: BaseException, code: int = USAGE_EXIT_CODE) -> NoReturn:
+    """Print ``error: <message>`` on stderr and exit with ``code``."""
+    if debug_enabled():
+        raise error
+    message = str(error).strip() or type(error).__name__
+    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
+    prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
+    sys.stderr.write(f"{prefix}error: {message}\n")
+    sys.stderr.write("(set PROJECT_DEBUG=1 to see the traceback)\n")
+    sys.stderr.flush()
+    raise SystemExit(code)
+
+
+def run_reporting_user_errors(fn: Callable[[], T]) -> T:
+    """Run ``fn``; a :class:`UserError` becomes a one-line message and exit code 2."""
+    try:
+        return fn()
+    except UserError as error:
+        exit_with(error)

@@ -1,0 +1,1 @@
+"""Plain networks (no Lightning imports) and the LightningModules that train them."""

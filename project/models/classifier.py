@@ -1,0 +1,79 @@
+"""The LightningModule: loss, metrics and the train/val/test/predict steps around a plain network."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from project.export import load_weights
+
+Batch = tuple[Tensor, Tensor]
+
+
+class Classifier(L.LightningModule):
+    """Train any plain classification network given by config (``class_path``/``init_args``).
+
+    The optimizer and LR scheduler come from the CLI's ``optimizer:``/``lr_scheduler:`` sections.
+
+    Args:
+        net: The plain ``nn.Module`` to train (e.g. :class:`project.models.digits_net.DigitsNet`).
+        num_classes: Number of classes, for the accuracy metrics.
+        weights: Optional path to start from: a plain state dict, a DataParallel/DDP state dict
+            (keys prefixed with ``module.``) or a Lightning ``.ckpt``. Loaded with ``weights_only=True``.
+    """
+
+    def __init__(self, net: nn.Module, num_classes: int = 10, weights: str | None = None) -> None:
+        super().__init__()
+        # Under the CLI the hyperparameters are the parsed config (plain dicts, safe to checkpoint and
+        # needed to rebuild `net` from --ckpt_path). Built by hand, `net` is a live module: never pickle it.
+        self.save_hyperparameters(ignore=None if _given_hyperparameters.get() is not None else ["net"])
+        self.net = net
+        if weights is not None:
+            load_weights(self.net, weights)
+        self.loss_fn = nn.CrossEntropyLoss()
+        # Metric objects sync across processes by summing counts, so every rank's samples weigh the same.
+        self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
+        self.val_loss = MeanMetric()
+        self.test_loss = MeanMetric()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Return logits."""
+        return self.net(x)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        """Cross-entropy on one (per-device) batch; logs ``train/loss``."""
+        x, y = batch
+        loss = self.loss_fn(self.net(x), y)
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def _evaluate(self, batch: Batch, loss_metric: MeanMetric, acc_metric: MulticlassAccuracy) -> None:
+        x, y = batch
+        logits = self.net(x)
+        # Weighted by batch size so that uneven shards still give the exact dataset mean.
+        loss_metric.update(self.loss_fn(logits, y), weight=y.numel())
+        acc_metric.update(logits, y)
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        """Accumulate ``val/loss`` and ``val/acc`` over the whole validation set."""
+        self._evaluate(batch, self.val_loss, self.val_acc)
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True)
+        self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        """Accumulate ``test/loss`` and ``test/acc`` over the whole test set."""
+        self._evaluate(batch, self.test_loss, self.test_acc)
+        self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
+        self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
+        """Return the predicted class of each sample."""
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return torch.argmax(self.net(x), dim=1)

@@ -1,0 +1,56 @@
+"""The digits network: a plain ``nn.Module`` that imports nothing from Lightning.
+
+It records its constructor arguments in ``init_args`` so that the export step can write
+``{"class_path", "init_args"}`` and :func:`project.export.rebuild` can build it again anywhere.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+
+class DigitsNet(nn.Module):
+    """MLP for 8x8 digits: ``in_features -> hidden -> hidden -> num_classes``.
+
+    Args:
+        in_features: Flattened input size (64 for 8x8 images).
+        hidden: Width of the two hidden layers.
+        num_classes: Number of output logits.
+        dropout: Dropout probability after each hidden layer (0 turns it off).
+        batch_norm: Put a BatchNorm1d after each hidden linear layer.
+    """
+
+    def __init__(
+        self,
+        in_features: int = 64,
+        hidden: int = 128,
+        num_classes: int = 10,
+        dropout: float = 0.1,
+        batch_norm: bool = True,
+    ) -> None:
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout={dropout} must be in [0, 1); use 0 to turn dropout off")
+        self.init_args = {
+            "in_features": in_features,
+            "hidden": hidden,
+            "num_classes": num_classes,
+            "dropout": dropout,
+            "batch_norm": batch_norm,
+        }
+        layers: list[nn.Module] = []
+        width = in_features
+        for _ in range(2):
+            layers.append(nn.Linear(width, hidden))
+            if batch_norm:
+                layers.append(nn.BatchNorm1d(hidden))
+            layers.append(nn.ReLU())
+            if dropout > 0:
+                layers.append(nn.Dropout(dropout))
+            width = hidden
+        layers.append(nn.Linear(width, num_classes))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Return class logits for a batch of flattened images."""
+        return self.layers(x.flatten(1))

@@ -1,0 +1,136 @@
+"""What launched us: Lightning's own launcher, torchrun, legacy torch.distributed.launch, or SLURM.
+
+Detection follows Lightning's order (TorchElastic, SLURM, else Lightning's environment) so that the
+plan we print is the layout Lightning will actually use.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from project.errors import UserError
+
+LIGHTNING = "lightning"
+TORCHRUN = "torchrun"
+LEGACY_LAUNCH = "torch.distributed.launch"
+SLURM = "slurm"
+# Set by main() when it removed a legacy --local_rank argument, so that child code can tell.
+LEGACY_FLAG_ENV = "PROJECT_LEGACY_LAUNCH"
+
+_LOCAL_RANK_ARG = re.compile(r"^--local[-_]rank(?:=(.*))?$")
+
+
+@dataclass(frozen=True)
+class LaunchEnvironment:
+    """The launcher and the layout it imposes (``None`` where the launcher leaves it to us)."""
+
+    launcher: str
+    external: bool
+    world_size: int | None = None
+    local_world_size: int | None = None
+    num_nodes: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for plan.json."""
+        return asdict(self)
+
+
+def _int(environ: Mapping[str, str], key: str) -> int | None:
+    value = environ.get(key)
+    if value is None or value == "":
+        return None
+    match = re.match(r"^\d+", value)  # SLURM writes e.g. "2(x3)"
+    return int(match.group(0)) if match else None
+
+
+def _is_slurm(environ: Mapping[str, str]) -> bool:
+    # Lightning's rule: a batch job has SLURM_NTASKS; an interactive shell (srun --pty bash) is not a launcher.
+    return "SLURM_NTASKS" in environ and environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+
+
+def detect_environment(environ: Mapping[str, str] | None = None) -> LaunchEnvironment:
+    """Read the launcher and its layout from environment variables."""
+    env = os.environ if environ is None else environ
+    common = {"master_addr": env.get("MASTER_ADDR"), "master_port": _int(env, "MASTER_PORT")}
+    if "TORCHELASTIC_RUN_ID" in env:
+        world, local_world = _int(env, "WORLD_SIZE"), _int(env, "LOCAL_WORLD_SIZE")
+        nodes = world // local_world if world and local_world else None
+        return LaunchEnvironment(
+            launcher=LEGACY_LAUNCH if env.get(LEGACY_FLAG_ENV) == "1" else TORCHRUN,
+            external=True,
+            world_size=world,
+            local_world_size=local_world,
+            num_nodes=nodes,
+            rank=_int(env, "RANK"),
+            local_rank=_int(env, "LOCAL_RANK"),
+            node_rank=_int(env, "GROUP_RANK"),
+            **common,
+        )
+    if _is_slurm(env):
+        return LaunchEnvironment(
+            launcher=SLURM,
+            external=True,
+            world_size=_int(env, "SLURM_NTASKS"),
+            local_world_size=_int(env, "SLURM_NTASKS_PER_NODE"),
+            num_nodes=_int(env, "SLURM_NNODES") or _int(env, "SLURM_JOB_NUM_NODES"),
+            rank=_int(env, "SLURM_PROCID"),
+            local_rank=_int(env, "SLURM_LOCALID"),
+            node_rank=_int(env, "SLURM_NODEID"),
+            **common,
+        )
+    # Lightning's launcher: the first process has no LOCAL_RANK; the ones it starts carry theirs.
+    return LaunchEnvironment(
+        launcher=LIGHTNING,
+        external=False,
+        world_size=_int(env, "WORLD_SIZE"),
+        rank=_int(env, "RANK") if "RANK" in env else None,
+        local_rank=_int(env, "LOCAL_RANK"),
+        node_rank=_int(env, "NODE_RANK"),
+        **common,
+    )
+
+
+def strip_legacy_local_rank(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[list[str], bool]:
+    """Remove ``--local-rank=N`` / ``--local_rank N`` (passed by ``torch.distributed.launch``) from ``argv``.
+
+    Returns the cleaned arguments and whether such an argument was present. The value is checked
+    against ``LOCAL_RANK``, which the launcher also sets, so a mismatch cannot go unnoticed.
+    """
+    env = os.environ if environ is None else environ
+    cleaned: list[str] = []
+    values: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        match = _LOCAL_RANK_ARG.match(args[i])
+        if not match:
+            cleaned.append(args[i])
+            i += 1
+            continue
+        if match.group(1) is not None:
+            values.append(match.group(1))
+            i += 1
+        elif i + 1 < len(args):
+            values.append(args[i + 1])
+            i += 2
+        else:
+            raise UserError(f"{args[i]} needs a value (e.g. {args[i]}=0)")
+    for value in values:
+        if not value.isdigit():
+            raise UserError(f"--local_rank={value!r} must be a whole number >= 0")
+        local_rank = env.get("LOCAL_RANK")
+        if local_rank is not None and local_rank != value:
+            raise UserError(
+                f"--local_rank={value} disagrees with LOCAL_RANK={local_rank} set by the launcher; "
+                "drop --local_rank and let the launcher set LOCAL_RANK"
+            )
+    return cleaned, bool(values)

@@ -1,0 +1,106 @@
+"""World-size-invariant batching.
+
+Training: one seeded permutation per epoch is cut into *global* batches of ``B = b x world_size``;
+rank ``r`` takes the contiguous slice ``[r*b, (r+1)*b)`` of every global batch. The sequence of
+global batches is therefore the same at world size 1, 2 or 4, and DDP's gradient average over
+ranks equals the single-process mean over ``B`` samples. The incomplete last global batch is
+dropped (at every world size alike).
+
+Evaluation: each rank takes one contiguous shard, no padding, so every sample counts exactly once
+(DistributedSampler would repeat samples to even out the shards).
+
+Both subclass ``DistributedSampler`` so that Lightning keeps them instead of inserting its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+
+import torch
+from torch.utils.data import DistributedSampler
+
+
+def _check_rank(num_replicas: int, rank: int) -> None:
+    if num_replicas < 1 or not 0 <= rank < num_replicas:
+        raise ValueError(f"rank={rank} must be in [0, {num_replicas}) and num_replicas={num_replicas} >= 1")
+
+
+class GlobalBatchSampler(DistributedSampler):
+    """Training sampler whose global batches do not depend on the world size.
+
+    Args:
+        dataset: Anything with ``len``.
+        batch_size: The per-device batch size ``b``.
+        num_replicas: World size.
+        rank: Global rank of this process.
+        shuffle: Reshuffle every epoch (seeded by ``seed + epoch``).
+        seed: Base seed of the permutation; the same on every rank.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        batch_size: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+    ) -> None:
+        _check_rank(num_replicas, rank)
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
+        self.batch_size = batch_size
+        self.global_batch_size = batch_size * num_replicas
+        self.num_global_batches = len(dataset) // self.global_batch_size
+        if self.num_global_batches == 0:
+            raise ValueError(
+                f"the dataset has {len(dataset)} samples, fewer than one global batch of "
+                f"{self.global_batch_size} ({batch_size} x {num_replicas} processes); lower the batch size"
+            )
+        # (epoch, global batches already trained on) from a mid-epoch checkpoint; used once.
+        self.resume_point: tuple[int, int] | None = None
+
+    def _skip(self) -> int:
+        if self.resume_point is not None and self.resume_point[0] == self.epoch:
+            return self.resume_point[1]
+        return 0
+
+    def _order(self) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(len(self.dataset))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return torch.randperm(len(self.dataset), generator=generator)
+
+    def __iter__(self) -> Iterator[int]:
+        """Yield this rank's indices, global batch after global batch."""
+        order = self._order()
+        skip, self.resume_point = self._skip(), None
+        start, stop = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
+        for k in range(skip, self.num_global_batches):
+            yield from order[k * self.global_batch_size :][start:stop].tolist()
+
+    def __len__(self) -> int:
+        """Samples this rank yields in the current epoch."""
+        return (self.num_global_batches - self._skip()) * self.batch_size
+
+
+class EvalShardSampler(DistributedSampler):
+    """Evaluation sampler: contiguous, unpadded shards, so each sample is seen exactly once."""
+
+    def __init__(self, dataset: Sized, num_replicas: int = 1, rank: int = 0) -> None:
+        _check_rank(num_replicas, rank)
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+        size, extra = divmod(len(dataset), num_replicas)
+        # The first `extra` ranks take one sample more; nothing is repeated.
+        self.start = rank * size + min(rank, extra)
+        self.stop = self.start + size + (1 if rank < extra else 0)
+
+    def __iter__(self) -> Iterator[int]:
+        """Yield this rank's shard in order."""
+        return iter(range(self.start, self.stop))
+
+    def __len__(self) -> int:
+        """Size of this rank's shard."""
+        return self.stop - self.start
