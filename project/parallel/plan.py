@@ -104,6 +104,7 @@ class Plan:
             from lightning.pytorch.strategies import DDPStrategy
 
             args = dict(self.strategy_args)
+            args.update(ddp_buffer_kwargs(args.pop("broadcast_buffers")))
             strategy = DDPStrategy(
                 process_group_backend=self.backend,
                 timeout=timedelta(seconds=args.pop("timeout_s")),
@@ -314,7 +315,8 @@ def resolve_plan(
         strategy = "ddp"
         strategy_args = {
             "find_unused_parameters": config.find_unused_parameters,
-            **ddp_buffer_kwargs(config.broadcast_buffers),
+            # The seed's name; trainer_kwargs() passes it under the installed torch's name.
+            "broadcast_buffers": config.broadcast_buffers,
             "timeout_s": config.timeout_s,
             "start_method": start_method,
         }

@@ -1,0 +1,88 @@
+"""Helpers shared by the tests: run the CLI as a user would, and read what a run left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+DIGITS = str(CONFIGS / "digits.yaml")
+CPU_DDP = str(CONFIGS / "parallel" / "cpu_ddp.yaml")
+FAST = str(REPO / "tests" / "configs" / "fast.yaml")
+
+
+def free_port() -> int:
+    """A free TCP port on localhost (for MASTER_PORT / rendezvous endpoints)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a CLI subprocess: the test helpers importable, no inherited launcher variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_RANK", "TORCHELASTIC"))}
+    for key in ("RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        env.pop(key, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO), env.get("PYTHONPATH", "")])
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    env.update(extra or {})
+    return env
+
+
+def run_cli(
+    args: Sequence[str],
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    module: Sequence[str] = ("-m", "project"),
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m project ARGS`` in ``cwd`` (so ``logs/`` lands there) and capture its output."""
+    return subprocess.run(
+        [sys.executable, *module, *args],
+        cwd=cwd,
+        env=cli_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_dirs(cwd: Path, name: str = "digits") -> list[Path]:
+    """Run directories ``logs/<name>/version_<n>`` under ``cwd``, oldest first."""
+    root = cwd / "logs" / name
+    if not root.is_dir():
+        return []
+    return sorted(root.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+
+
+def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """All scalars of a run's TensorBoard event files: ``tag -> [(step, value), ...]``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for events in sorted(run_dir.glob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            scalars.setdefault(tag, []).extend((e.step, e.value) for e in accumulator.Scalars(tag))
+    return scalars
+
+
+def read_plan(run_dir: Path) -> dict:
+    """The ``plan.json`` a fit wrote."""
+    return json.loads((run_dir / "plan.json").read_text())
+
+
+def assert_clean_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """A user error: non-zero exit, one ``error:`` line naming ``needles``, no traceback."""
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "Traceback" not in output, output
+    for needle in needles:
+        assert needle in output, f"{needle!r} not in:\n{output}"
