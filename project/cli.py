@@ -17,15 +17,17 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import lightning as L
 import torch
+import yaml
 from jsonargparse import ActionYesNo, Namespace
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from project.callbacks.run_record import RunRecordCallback
-from project.errors import UserError, run_reporting_user_errors
+from project.errors import UserError, debug_enabled, exit_with, run_reporting_user_errors
 from project.export import safe_load
 from project.parallel.environment import LEGACY_FLAG_ENV, detect_environment, strip_legacy_local_rank
 from project.parallel.plan import Hardware, ParallelConfig, Plan, resolve_plan
@@ -44,6 +46,49 @@ def _as_dict(value: Any) -> dict[str, Any]:
     return dict(vars(value))
 
 
+class ProjectArgumentParser(LightningArgumentParser):
+    """LightningArgumentParser whose errors are one line and a tip, not a page of usage."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        """Report a bad command line or config in one line and exit with code 2."""
+        if not self.exit_on_error or debug_enabled():
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        detail = " ".join(line.strip() for line in message.splitlines() if line.strip())
+        prog = parser.prog.replace(" [options]", "").replace("__main__.py", "python -m project")
+        exit_with(UserError(f"{detail[:600]} (see {prog} --help)"))
+
+
+def _root_cause(error: BaseException) -> str:
+    """The user's own message inside jsonargparse's nested 'Does not validate against any of...' report."""
+    reasons = [line.strip()[2:] for line in str(error).splitlines() if line.strip().startswith("- ")]
+    reasons = [r for r in reasons if not r.startswith("Expected a <class 'NoneType'>")]
+    return reasons[0] if reasons else str(error).splitlines()[0]
+
+
+def check_config_files(args: list[str]) -> None:
+    """Refuse a missing or unparsable ``--config`` file with its name, before LightningCLI reads it."""
+    for i, arg in enumerate(args):
+        if arg in ("-c", "--config") and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--config="):
+            value = arg.split("=", 1)[1]
+        else:
+            continue
+        path = Path(value)
+        if value.lstrip().startswith("{") or (not path.suffix and not path.exists()):
+            continue  # an inline config, not a file
+        if not path.is_file():
+            raise UserError(f"config file '{value}' does not exist; check the path (it is read from {Path.cwd()})")
+        try:
+            yaml.safe_load(path.read_text())
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            raise UserError(f"config file '{value}' is not valid YAML{where}: {problem}; fix the file") from error
+
+
 class ProjectCLI(LightningCLI):
     """LightningCLI with the ``parallel`` section and the ``plan`` subcommand."""
 
@@ -54,6 +99,7 @@ class ProjectCLI(LightningCLI):
         kwargs.setdefault("subclass_mode_data", True)
         # Each run gets a fresh version directory, so an existing config.yaml is never a reason to fail.
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("parser_class", ProjectArgumentParser)
         self.plan: Plan | None = None
         super().__init__(*args, **kwargs)
 
@@ -144,11 +190,11 @@ class ProjectCLI(LightningCLI):
             return
         try:
             super().instantiate_classes()
-        except (ValueError, TypeError) as error:
+        except (ValueError, TypeError, MisconfigurationException) as error:
             # Raised by the user's classes for bad init args (e.g. dropout=2): a config mistake.
             if isinstance(error, UserError):
                 raise
-            raise UserError(f"could not build the model/data/trainer from the config: {error}") from error
+            raise UserError(f"could not build the model/data/trainer from the config: {_root_cause(error)}") from error
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The Trainer, with the plan's layout and the plan.json record."""
@@ -229,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def run() -> None:
         args, legacy = strip_legacy_local_rank(sys.argv[1:] if argv is None else argv)
+        check_config_files(args)
         if legacy:
             os.environ[LEGACY_FLAG_ENV] = "1"
         if argv is None:

@@ -26,11 +26,11 @@ def exit_with(error: BaseException, code: int = USAGE_EXIT_CODE) -> NoReturn:
     """Print ``error: <message>`` on stderr and exit with ``code``."""
     if debug_enabled():
         raise error
-    message = str(error).strip() or type(error).__name__
+    # One line: the message's lines folded together (PROJECT_DEBUG=1 shows the traceback instead).
+    message = " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
     rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
     prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
     sys.stderr.write(f"{prefix}error: {message}\n")
-    sys.stderr.write("(set PROJECT_DEBUG=1 to see the traceback)\n")
     sys.stderr.flush()
     raise SystemExit(code)
 

@@ -102,7 +102,7 @@ def match_state_dict(state: dict[str, torch.Tensor], net: nn.Module) -> dict[str
     stripped = {_strip_wrappers(k): v for k, v in state.items()}
     wanted = set(net.state_dict())
     if wanted <= set(stripped):
-        return {k: v for k, v in stripped.items() if k in wanted} if len(stripped) > len(wanted) else stripped
+        return stripped  # extra keys stay, so that load_weights reports them as unexpected
     prefixes: Counter[str] = Counter()
     for key in stripped:
         for name in wanted:
