@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -25,11 +26,13 @@ import yaml
 from jsonargparse import ActionYesNo, Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 from project.callbacks.run_record import RunRecordCallback
 from project.errors import UserError, debug_enabled, exit_with, run_reporting_user_errors
 from project.export import safe_load
 from project.parallel.environment import LEGACY_FLAG_ENV, detect_environment, strip_legacy_local_rank
+from project.parallel.failures import explain_rank_failure
 from project.parallel.plan import Hardware, ParallelConfig, Plan, resolve_plan
 
 # Trainer settings that the plan decides when `parallel` is given.
@@ -209,9 +212,17 @@ class ProjectCLI(LightningCLI):
         if subcommand == "plan":
             self._print_plan()
             return
-        if subcommand in ("validate", "test", "predict"):
-            self._refuse_mismatched_checkpoint()
-        super()._run_subcommand(subcommand)
+        self._refuse_mismatched_checkpoint()
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException as error:
+            # Named before the other ranks are stopped, so the rank that died first is told apart.
+            timeout_s = self.plan.strategy_args.get("timeout_s") if self.plan is not None else None
+            failure = explain_rank_failure(error, self.trainer, timeout_s)
+            stop_started_processes(self.trainer)
+            if failure is not None:
+                raise failure from error
+            raise
 
     def _refuse_mismatched_checkpoint(self) -> None:
         ckpt_path = self._section().get("ckpt_path")
@@ -268,6 +279,17 @@ class ProjectCLI(LightningCLI):
         log_dir = self.trainer.log_dir
         if self.trainer.is_global_zero and log_dir and Path(log_dir).is_dir():
             print(f"Run directory: {log_dir}", flush=True)
+
+
+def stop_started_processes(trainer: L.Trainer) -> None:
+    """When rank 0 fails, end the ranks its launcher started instead of leaving them waiting forever.
+
+    Lightning kills the other ranks only on Ctrl+C; after any other exception in rank 0 they would
+    block in their next collective (or sleep on) with nobody left to talk to.
+    """
+    launcher = getattr(trainer.strategy, "launcher", None)
+    if isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
+        launcher.kill(signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> None:

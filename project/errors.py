@@ -17,6 +17,10 @@ class UserError(Exception):
     """A mistake in what the user asked for; reported as one line, never as a traceback."""
 
 
+class RunFailure(RuntimeError):
+    """A fault while running (a rank missing a barrier, a non-finite loss): one line, exit code 1."""
+
+
 def debug_enabled() -> bool:
     """Whether tracebacks should be shown (``PROJECT_DEBUG=1``)."""
     return os.environ.get("PROJECT_DEBUG", "") not in ("", "0", "false")
@@ -36,8 +40,10 @@ def exit_with(error: BaseException, code: int = USAGE_EXIT_CODE) -> NoReturn:
 
 
 def run_reporting_user_errors(fn: Callable[[], T]) -> T:
-    """Run ``fn``; a :class:`UserError` becomes a one-line message and exit code 2."""
+    """Run ``fn``; a :class:`UserError` becomes one line and exit code 2, a :class:`RunFailure` exit code 1."""
     try:
         return fn()
     except UserError as error:
         exit_with(error)
+    except RunFailure as error:
+        exit_with(error, code=1)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from project.data.digits import DigitsDataModule, split_sizes
+from project.data.arrays import split_sizes
+from project.data.digits import DigitsDataModule
 from project.data.synthetic import SyntheticDataModule
 
 

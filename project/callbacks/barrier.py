@@ -16,10 +16,12 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
+from project.errors import RunFailure
+
 POINTS = ("setup", "fit_start", "train_epoch_end", "validation_epoch_end", "test_start", "fit_end")
 
 
-class BarrierTimeoutError(RuntimeError):
+class BarrierTimeoutError(RunFailure):
     """Raised when some ranks did not reach a barrier in time."""
 
 

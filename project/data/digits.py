@@ -2,41 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-from sklearn.datasets import load_digits
-from torch.utils.data import TensorDataset
-
+from project.data.arrays import load_digits_tensors, seeded_split, split_sizes
 from project.data.base import ShardedDataModule
-
-
-def split_sizes(total: int, val_fraction: float, test_fraction: float) -> tuple[int, int, int]:
-    """Return (train, val, test) sizes for ``total`` samples; fractions are rounded to whole samples."""
-    for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-        if not 0.0 < value < 1.0:
-            raise ValueError(f"{name}={value} must be in (0, 1)")
-    if val_fraction + test_fraction >= 1.0:
-        raise ValueError(f"val_fraction + test_fraction = {val_fraction + test_fraction} must be < 1")
-    n_val, n_test = round(total * val_fraction), round(total * test_fraction)
-    return total - n_val - n_test, n_val, n_test
-
-
-def seeded_split(
-    x: torch.Tensor, y: torch.Tensor, sizes: tuple[int, int, int], seed: int
-) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
-    """Split tensors into train/val/test TensorDatasets by one seeded permutation (the same everywhere)."""
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(x), generator=generator)
-    parts = torch.split(order, list(sizes))
-    train, val, test = (TensorDataset(x[idx], y[idx]) for idx in parts)
-    return train, val, test
-
-
-def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
-    """All 1,797 digits as (float32 images scaled to [0, 1] of shape [N, 64], int64 labels)."""
-    bunch = load_digits()
-    x = torch.tensor(bunch.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(bunch.target, dtype=torch.int64)
-    return x, y
 
 
 class DigitsDataModule(ShardedDataModule):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from project.data.arrays import seeded_split, split_sizes
 from project.data.base import ShardedDataModule
-from project.data.digits import seeded_split, split_sizes
 
 
 def make_blobs(num_samples: int, in_features: int, num_classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
