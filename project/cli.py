@@ -271,6 +271,10 @@ class ProjectCLI(LightningCLI):
         """Say where the test run went."""
         self._say_where_the_run_went()
 
+    def after_predict(self) -> None:
+        """Say where the predictions went."""
+        self._say_where_the_run_went()
+
     def after_validate(self) -> None:
         """Say where the validation run went."""
         self._say_where_the_run_went()

@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 
+from project.data.arrays import load_digits_tensors, seeded_split, split_sizes
+
 from helpers import DIGITS, FAST, assert_clean_error, read_plan, read_scalars, run_cli, run_dirs
 
 
@@ -46,6 +48,19 @@ def test_main_job_reaches_accuracy_and_test_from_checkpoint_reproduces_it(tmp_pa
         again.append(read_scalars(run_dirs(tmp_path)[-1])["test/acc"][-1][1])
     assert again[0] == again[1]
     assert again[0] == pytest.approx(logged, abs=1e-6)
+
+    predict = run_cli(["predict", "--config", DIGITS, "--ckpt_path", str(best)], tmp_path)
+    assert predict.returncode == 0, predict.stderr
+    rows = (run_dirs(tmp_path)[-1] / "predictions.csv").read_text().splitlines()
+    assert rows[0] == "index,prediction" and len(rows) == 1 + 270
+    labels = digits_test_labels()
+    correct = sum(int(row.split(",")[1]) == label for row, label in zip(rows[1:], labels))
+    assert correct / len(labels) == pytest.approx(logged, abs=1e-6)
+
+
+def digits_test_labels() -> list[int]:
+    x, y = load_digits_tensors()
+    return seeded_split(x, y, split_sizes(len(x), 0.15, 0.15), seed=0)[2].tensors[1].tolist()
 
 
 def test_two_runs_in_a_row_make_two_versions(tmp_path):

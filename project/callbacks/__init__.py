@@ -1,7 +1,8 @@
 """Callbacks: the seed's barrier, its ``model.module`` unwrapping for evaluation and export, run records."""
 
 from project.callbacks.barrier import BarrierCallback
+from project.callbacks.predictions import PredictionsWriter
 from project.callbacks.run_record import RunRecordCallback
 from project.callbacks.unwrap import UnwrapEvalCallback
 
-__all__ = ["BarrierCallback", "RunRecordCallback", "UnwrapEvalCallback"]
+__all__ = ["BarrierCallback", "PredictionsWriter", "RunRecordCallback", "UnwrapEvalCallback"]
