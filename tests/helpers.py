@@ -10,6 +10,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+# Re-exported: the tests read runs with the same function the notebooks use.
+from project.runs import read_scalars as read_scalars
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 DIGITS = str(CONFIGS / "digits.yaml")
@@ -59,19 +62,6 @@ def run_dirs(cwd: Path, name: str = "digits") -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(root.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-
-
-def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """All scalars of a run's TensorBoard event files: ``tag -> [(step, value), ...]``."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    scalars: dict[str, list[tuple[int, float]]] = {}
-    for events in sorted(run_dir.glob("events.out.tfevents.*")):
-        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        accumulator.Reload()
-        for tag in accumulator.Tags()["scalars"]:
-            scalars.setdefault(tag, []).extend((e.step, e.value) for e in accumulator.Scalars(tag))
-    return scalars
 
 
 def read_plan(run_dir: Path) -> dict:
