@@ -23,6 +23,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    # mkstemp creates owner-only files; give the result the permissions a plain open() would.
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o666 & ~umask)
     try:
         yield tmp
         with open(tmp, "rb") as handle:

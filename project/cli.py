@@ -7,33 +7,45 @@ What this adds to LightningCLI, and nothing more:
   batch size, and is written to ``plan.json`` in the run directory.
 - ``plan``: prints that resolution (``--json`` for machines, ``--assume_gpus N`` for another machine).
 - ``fit`` tests the best checkpoint afterwards (``--test_after_fit``) and says where the run went.
+- ``fit --resume auto`` (and ``--ckpt_path last``) continues the newest good checkpoint of the run
+  name in its run directory; checkpoints are written atomically and resume exactly (random state too).
 - Legacy ``--local_rank``/``--local-rank`` from ``torch.distributed.launch`` is accepted and checked.
 - Bad input (unknown or bad values, missing files) is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import lightning as L
 import torch
+import torch.distributed as dist
 import yaml
 from jsonargparse import ActionYesNo, Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
+from project.callbacks.progress import ProgressBar
+from project.callbacks.resume import ResumeCallback
 from project.callbacks.run_record import RunRecordCallback
+from project.checkpointing import with_atomic_checkpoint_io
 from project.errors import UserError, debug_enabled, exit_with, run_reporting_user_errors
-from project.export import safe_load
+from project.export import pickle_allowed, safe_load
 from project.parallel.environment import LEGACY_FLAG_ENV, detect_environment, strip_legacy_local_rank
 from project.parallel.failures import explain_rank_failure
-from project.parallel.plan import Hardware, ParallelConfig, Plan, resolve_plan
+from project.parallel.plan import Hardware, LaunchMismatchError, ParallelConfig, Plan, resolve_plan
+from project.resume import resolve_resume
 
 # Trainer settings that the plan decides when `parallel` is given.
 PLAN_OWNED_TRAINER_KEYS = ("accelerator", "devices", "strategy", "num_nodes", "sync_batchnorm")
@@ -57,9 +69,18 @@ class ProjectArgumentParser(LightningArgumentParser):
         if not self.exit_on_error or debug_enabled():
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        detail = " ".join(line.strip() for line in message.splitlines() if line.strip())
+        detail = _unknown_option(message) or " ".join(line.strip() for line in message.splitlines() if line.strip())
         prog = parser.prog.replace(" [options]", "").replace("__main__.py", "python -m project")
         exit_with(UserError(f"{detail[:600]} (see {prog} --help)"))
+
+
+def _unknown_option(message: str) -> str | None:
+    """The gist of jsonargparse's page-long report on a nested class: "unknown option 'gpus' in parallel"."""
+    option = re.search(r"Option '([^']+)' is not accepted", message)
+    if option is None:
+        return None
+    where = ".".join(re.findall(r'Parser key "([^"]+)"', message))
+    return f"unknown option '{option.group(1)}'" + (f" in {where}" if where else "")
 
 
 def _root_cause(error: BaseException) -> str:
@@ -90,6 +111,20 @@ def check_config_files(args: list[str]) -> None:
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
             problem = getattr(error, "problem", None) or str(error).splitlines()[0]
             raise UserError(f"config file '{value}' is not valid YAML{where}: {problem}; fix the file") from error
+
+
+class NoProfiler(PassThroughProfiler):
+    """Lightning's "no profiler" without the generator context manager it opens around every hook call.
+
+    The Trainer enters ``profiler.profile(...)`` around each callback and module hook, dozens of times a
+    step; a shared ``nullcontext`` makes that nearly free when no profiler was asked for.
+    """
+
+    _NOTHING = contextlib.nullcontext()
+
+    def profile(self, action_name: str) -> contextlib.nullcontext:  # type: ignore[override]
+        """A context that does nothing."""
+        return self._NOTHING
 
 
 class ProjectCLI(LightningCLI):
@@ -124,6 +159,13 @@ class ProjectCLI(LightningCLI):
             default=True,
             help="After fit, test the best checkpoint (the last weights when there is none).",
         )
+        self._subcommand_parsers["fit"].add_argument(
+            "--resume",
+            type=Literal["auto"] | None,
+            default=None,
+            help="auto: continue from the newest good checkpoint of this run name, in its run folder "
+            "(a new run when there is none). `--ckpt_path last` does the same.",
+        )
         plan_parser = self.init_parser(description="Resolve the parallel layout without training.")
         self._add_arguments(plan_parser)
         plan_parser.add_argument("--assume_gpus", type=int | None, default=None, help="Plan for a machine with N GPUs.")
@@ -139,12 +181,15 @@ class ProjectCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """Refuse a missing, corrupt or unsafe --ckpt_path with one line, before anything is built."""
         subcommand = self.config.get("subcommand")
+        if subcommand:
+            resolve_resume(self.config[subcommand], subcommand)  # --resume auto / --ckpt_path last -> a file
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path and ckpt_path not in SPECIAL_CKPT_PATHS:
             checkpoint = safe_load(ckpt_path)  # raises UserError naming the file
             if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
                 raise UserError(f"--ckpt_path '{ckpt_path}' is not a Lightning checkpoint (no state_dict)")
-        super()._parse_ckpt_path()
+        # No super(): LightningCLI would rebuild the model from the checkpoint's hyperparameters, silently
+        # overriding the config. Here the config decides, and a checkpoint that does not fit it is refused.
 
     def _section(self) -> Namespace:
         return self.config[self.subcommand] if self.subcommand else self.config
@@ -161,10 +206,22 @@ class ProjectCLI(LightningCLI):
         if assume is not None and assume < 0:
             raise UserError(f"--assume_gpus={assume} must be >= 0")
         hardware = Hardware(gpus=torch.cuda.device_count(), assumed=False) if assume is None else Hardware(assume, True)
-        self.plan = resolve_plan(settings, hardware, detect_environment(), self._data_batch_size(config))
+        self.plan = self._resolve_plan(settings, hardware, self._data_batch_size(config))
         data = config.get("data")
         if self.plan.per_device_batch_size is not None and data is not None and "batch_size" in data.init_args:
             data.init_args.batch_size = self.plan.per_device_batch_size
+
+    def _resolve_plan(self, settings: ParallelConfig, hardware: Hardware, data_batch_size: int | None) -> Plan:
+        environment = detect_environment()
+        try:
+            return resolve_plan(settings, hardware, environment, data_batch_size)
+        except LaunchMismatchError as error:
+            if self.subcommand != "plan":
+                raise
+            # `plan` says what would happen: the config's own layout, and why the launcher's does not fit it.
+            unset = replace(environment, world_size=None, local_world_size=None, num_nodes=None)
+            plan = resolve_plan(settings, hardware, unset, data_batch_size)
+            return replace(plan, notes=(*plan.notes, f"will not start under {environment.launcher}: {error}"))
 
     def _data_batch_size(self, config: Namespace) -> int | None:
         data = config.get("data")
@@ -195,16 +252,46 @@ class ProjectCLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, TypeError, MisconfigurationException) as error:
             # Raised by the user's classes for bad init args (e.g. dropout=2): a config mistake.
-            if isinstance(error, UserError):
-                raise
+            cause: BaseException | None = error
+            while cause is not None and not isinstance(cause, UserError):
+                cause = cause.__cause__  # jsonargparse wraps what the classes raise in its own ValueError
+            if cause is not None:
+                raise cause from None
             raise UserError(f"could not build the model/data/trainer from the config: {_root_cause(error)}") from error
 
+    @staticmethod
+    def _lighter_defaults(trainer_config: Any, kwargs: dict[str, Any]) -> None:
+        """Lightning's defaults without their per-step cost, unless the config chose otherwise.
+
+        A profiler that is really off, and a progress bar that redraws a few times a second instead of
+        after every batch. ``barebones`` runs have neither.
+        """
+
+        def setting(key: str) -> Any:
+            return kwargs.get(key, trainer_config.get(key))
+
+        if setting("barebones"):
+            return
+        if setting("profiler") is None:
+            kwargs["profiler"] = NoProfiler()
+        callbacks = setting("callbacks") or []
+        callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        if setting("enable_progress_bar") is not False and not any(
+            isinstance(c, LightningProgressBar) for c in callbacks
+        ):
+            kwargs["callbacks"] = [*callbacks, ProgressBar()]
+
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        """The Trainer, with the plan's layout and the plan.json record."""
+        """The Trainer, with the plan's layout, atomic checkpoint writes, exact resume and the plan.json record."""
         if self.plan is not None:
             kwargs = {**self.plan.trainer_kwargs(), **kwargs}
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        configured = trainer_config.get("plugins")
+        kwargs["plugins"] = with_atomic_checkpoint_io(kwargs.get("plugins", configured))
+        self._lighter_defaults(trainer_config, kwargs)
         trainer = super().instantiate_trainer(**kwargs)
         trainer.callbacks.append(RunRecordCallback(self.plan.to_dict() if self.plan else None))
+        trainer.callbacks.append(ResumeCallback(self._section().get("ckpt_path")))
         return trainer
 
     # -------------------------------------------------------------- running
@@ -232,13 +319,27 @@ class ProjectCLI(LightningCLI):
         own = self.model.state_dict()
         missing = sorted(set(own) - set(state))
         unexpected = sorted(set(state) - set(own))
-        wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+        wrong = [
+            f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
+            for k in sorted(set(own) & set(state))
+            if own[k].shape != state[k].shape
+        ]
         if missing or unexpected or wrong:
+            run_config = Path(ckpt_path).resolve().parent.parent / "config.yaml"
+            config = f"--config {run_config}" if run_config.is_file() else "the config it was trained with"
+            found = [("missing keys", missing[:8]), ("unexpected keys", unexpected[:8]), ("shapes", wrong[:4])]
+            detail = "; ".join(f"{name} {values}" for name, values in found if values)
             raise UserError(
-                f"--ckpt_path '{ckpt_path}' is a checkpoint of another model: missing keys {missing[:8]}, "
-                f"unexpected keys {unexpected[:8]}, shape mismatches {wrong[:8]}; "
-                "use the config the checkpoint was trained with"
+                f"--ckpt_path '{ckpt_path}' is a checkpoint of another model than the config builds "
+                f"({detail}; shapes are checkpoint vs config); run it with {config}"
             )
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        """Lightning's loading of --ckpt_path follows safe_load's rule: weights only, unless the user trusts it."""
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if kwargs.get("weights_only") is None:
+            kwargs["weights_only"] = not pickle_allowed()
+        return kwargs
 
     def _print_plan(self) -> None:
         assert self.plan is not None
@@ -296,6 +397,18 @@ def stop_started_processes(trainer: L.Trainer) -> None:
         launcher.kill(signal.SIGKILL)
 
 
+def leave_process_group() -> None:
+    """After a successful run, leave the process group together and cleanly.
+
+    Rank 0 hosts the rendezvous store under Lightning's launcher and SLURM: if it exits while another
+    rank still tears down its connections, that rank aborts ("terminate called without an active
+    exception", exit code 134) although the run succeeded.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m project``; ``argv`` defaults to the command line."""
 
@@ -310,6 +423,7 @@ def main(argv: list[str] | None = None) -> None:
             ProjectCLI()
         else:
             ProjectCLI(args=args)
+        leave_process_group()
 
     try:
         run_reporting_user_errors(run)

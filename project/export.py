@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import pickle
+import re
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -56,19 +57,25 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+def pickle_allowed() -> bool:
+    """Whether the user vouched for the files they load (``PROJECT_ALLOW_PICKLE=1``): full pickle, any code."""
+    return os.environ.get(ALLOW_PICKLE_ENV, "") == "1"
+
+
 def safe_load(path: str | os.PathLike[str]) -> Any:
     """``torch.load`` with ``weights_only=True``, turning every failure into a one-line :class:`UserError`."""
     file = Path(path)
     if not file.is_file():
         raise UserError(f"file '{file}' does not exist; check the path (relative paths start at {Path.cwd()})")
-    allow_pickle = os.environ.get(ALLOW_PICKLE_ENV, "") == "1"
     try:
-        return torch.load(file, map_location="cpu", weights_only=not allow_pickle)
+        return torch.load(file, map_location="cpu", weights_only=not pickle_allowed())
     except pickle.UnpicklingError as error:
-        reason = str(error).splitlines()[0] if str(error) else "unsupported global"
+        # torch names the first class or function the file would import and run: "GLOBAL faults.Extra".
+        found = re.search(r"GLOBAL ([\w.]+)", str(error))
+        what = f"a pickled {found.group(1)}" if found else "pickled objects beyond tensors and plain containers"
         raise UserError(
-            f"'{file}' needs arbitrary code to load, which weights_only=True refuses ({reason}); "
-            f"if you trust the file, rerun with {ALLOW_PICKLE_ENV}=1"
+            f"'{file}' holds {what}, which only arbitrary code can load (unpickling can run any code), so "
+            f"weights_only=True refuses it; if you trust the file, rerun with {ALLOW_PICKLE_ENV}=1"
         ) from error
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__

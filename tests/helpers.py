@@ -29,7 +29,8 @@ def free_port() -> int:
 
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for a CLI subprocess: the test helpers importable, no inherited launcher variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_RANK", "TORCHELASTIC"))}
+    # A suite run inside a SLURM job or a torchrun worker must not make every CLI run think it was launched so.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_RANK", "TORCHELASTIC", "SLURM_"))}
     for key in ("RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
         env.pop(key, None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO), env.get("PYTHONPATH", "")])

@@ -30,12 +30,15 @@ class RunRecordCallback(L.Callback):
         self.run_dir = log_dir
         if trainer.is_global_zero and stage == "fit":
             record = dict(self.plan) if self.plan else {"scenario": "lightning (no parallel section)"}
+            cluster = getattr(trainer.strategy, "cluster_environment", None)  # none on one device
             record["runtime"] = {
                 "world_size": trainer.world_size,
                 "num_nodes": trainer.num_nodes,
                 "num_devices": trainer.num_devices,
                 "strategy": type(trainer.strategy).__name__,
                 "accelerator": type(trainer.accelerator).__name__,
+                # Lightning's own launcher detection (Lightning-, TorchElastic- or SLURMEnvironment).
+                "cluster_environment": type(cluster).__name__ if cluster is not None else None,
             }
             if not self.plan:
                 record["world_size"] = trainer.world_size

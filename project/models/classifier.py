@@ -42,17 +42,33 @@ class Classifier(L.LightningModule):
         self.test_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
+        self._train_loss: Tensor | None = None  # the last training step's loss, for on_train_batch_end
 
     def forward(self, x: Tensor) -> Tensor:
         """Return logits."""
         return self.net(x)
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        """Cross-entropy on one (per-device) batch; logs ``train/loss``."""
+        """Cross-entropy on one (per-device) batch; ``train/loss`` is logged in :meth:`on_train_batch_end`."""
         x, y = batch
         loss = self.loss_fn(self.net(x), y)
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        self._train_loss = loss.detach()
         return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Log ``train/loss`` on the steps whose metrics the Trainer writes to the logger.
+
+        ``self.log`` costs about 0.3 ms on a CPU, a third of a small model's step, and Lightning writes
+        on-step values only every ``log_every_n_steps`` steps (or when it stops). Logging just those steps
+        leaves the logged series unchanged; the progress bar and ``trainer.callback_metrics`` show the
+        latest written value in between.
+        """
+        trainer = self.trainer
+        every = trainer.log_every_n_steps
+        # After the optimizer step global_step counts it, so this is Lightning's own rule
+        # (`(batches that stepped + 1) % log_every_n_steps == 0 or should_stop`) seen from here.
+        if not every or trainer.fast_dev_run or trainer.should_stop or self.global_step % every == 0:
+            self.log("train/loss", self._train_loss, on_step=True, on_epoch=False, prog_bar=True)
 
     def _evaluate(self, batch: Batch, loss_metric: MeanMetric, acc_metric: MulticlassAccuracy) -> None:
         x, y = batch

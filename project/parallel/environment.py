@@ -38,6 +38,9 @@ class LaunchEnvironment:
     node_rank: int | None = None
     master_addr: str | None = None
     master_port: int | None = None
+    # torchrun only: --max-restarts, and whether the workers share the agent's rendezvous store.
+    max_restarts: int | None = None
+    agent_store: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for plan.json."""
@@ -73,6 +76,8 @@ def detect_environment(environ: Mapping[str, str] | None = None) -> LaunchEnviro
             rank=_int(env, "RANK"),
             local_rank=_int(env, "LOCAL_RANK"),
             node_rank=_int(env, "GROUP_RANK"),
+            max_restarts=_int(env, "TORCHELASTIC_MAX_RESTARTS"),
+            agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
             **common,
         )
     if _is_slurm(env):
@@ -97,6 +102,53 @@ def detect_environment(environ: Mapping[str, str] | None = None) -> LaunchEnviro
         node_rank=_int(env, "NODE_RANK"),
         **common,
     )
+
+
+def describe_launch(environment: LaunchEnvironment, per_node: int, num_nodes: int) -> tuple[dict[str, Any], list[str]]:
+    """What this process's launch looks like (ranks on this node, master address), and notes where it will not work.
+
+    Returns:
+        The ``launch`` record for the plan, and notes for layouts that would hang or fail at start-up.
+    """
+    launch = {k: v for k, v in environment.to_dict().items() if k not in ("launcher", "external") and v is not None}
+    world_size = per_node * num_nodes
+    if world_size == 1:
+        return launch, []
+    node_rank = environment.node_rank or 0
+    launch["node_rank"] = node_rank
+    launch["ranks_on_this_node"] = list(range(node_rank * per_node, (node_rank + 1) * per_node))
+    notes: list[str] = []
+    if environment.external:
+        if environment.max_restarts and environment.agent_store:
+            notes.append(
+                "torchrun --max-restarts with the workers on the agent's rendezvous store: restarted workers can "
+                "read the dead ones' addresses and fail to connect (pytorch#135712); launch torchrun with "
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and --standalone (one node) or --rdzv-backend c10d"
+            )
+        return launch, notes
+    # Lightning's own launcher: MASTER_ADDR defaults to this machine and the port to a free one,
+    # which is right on one node and a hang on several.
+    launch.setdefault("master_addr", "127.0.0.1")
+    settings = (
+        ("MASTER_ADDR", environment.master_addr),
+        ("MASTER_PORT", environment.master_port),
+        ("NODE_RANK", environment.node_rank),
+    )
+    missing = [name for name, value in settings if value is None]
+    if num_nodes > 1 and missing:
+        notes.append(
+            f"num_nodes={num_nodes} with Lightning's launcher: run the same command on every node with "
+            f"MASTER_ADDR (node 0's address), MASTER_PORT and NODE_RANK (0..{num_nodes - 1}); "
+            f"{', '.join(missing)} not set here, so the nodes would wait for each other until the timeout"
+        )
+    if node_rank >= num_nodes:
+        notes.append(f"NODE_RANK={node_rank} is not a node of num_nodes={num_nodes}; use 0..{num_nodes - 1}")
+    if environment.local_rank == 0:
+        notes.append(
+            "LOCAL_RANK=0 is set but no torchrun/SLURM launch was detected: Lightning would wait for "
+            "processes that nobody starts; unset LOCAL_RANK (or launch with torchrun)"
+        )
+    return launch, notes
 
 
 def strip_legacy_local_rank(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[list[str], bool]:

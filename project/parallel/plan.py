@@ -25,11 +25,23 @@ from typing import Any
 from torch.nn.parallel import DistributedDataParallel
 
 from project.errors import UserError
-from project.parallel.environment import LaunchEnvironment
+from project.parallel.environment import LaunchEnvironment, describe_launch
 
 SCENARIOS = ("auto", "cpu", "single", "dp", "ddp")
 BACKENDS = ("auto", "nccl", "gloo")
 GPU_SCENARIOS = ("single", "dp", "ddp")
+# Where an outside launcher's numbers come from, for messages that say what to change.
+_LAUNCHER_SOURCES = {
+    "slurm": {"devices": "--ntasks-per-node (SLURM_NTASKS_PER_NODE)", "num_nodes": "--nodes (SLURM_NNODES)"},
+}
+_ELASTIC_SOURCES = {
+    "devices": "--nproc_per_node (LOCAL_WORLD_SIZE)",
+    "num_nodes": "--nnodes (WORLD_SIZE / LOCAL_WORLD_SIZE)",
+}
+
+
+class LaunchMismatchError(UserError):
+    """The config asks for another layout than the outside launcher (torchrun, SLURM) started."""
 
 
 @dataclass
@@ -199,8 +211,9 @@ def _resolve_scenario(config: ParallelConfig, hardware: Hardware) -> str:
         raise UserError(f"parallel.scenario={config.scenario!r} is not one of {', '.join(SCENARIOS)}")
     if config.scenario != "auto":
         if config.scenario in GPU_SCENARIOS and hardware.gpus == 0:
+            asked = f" with devices={config.devices!r}" if config.devices is not None else ""
             raise UserError(
-                f"parallel.scenario={config.scenario!r} needs GPUs but none is visible; "
+                f"parallel.scenario={config.scenario!r}{asked} needs GPUs but no GPU is visible; "
                 "use scenario 'cpu' (devices N runs N processes), or plan with --assume_gpus N"
             )
         return config.scenario
@@ -214,9 +227,9 @@ def _check_against_launcher(name: str, asked: int | None, given: int | None, lau
     if given is None:
         return asked
     if asked is not None and asked != given:
-        raise UserError(
-            f"parallel.{name}={asked} disagrees with {launcher}, which started {given} "
-            f"({'LOCAL_WORLD_SIZE' if name == 'devices' else 'nodes = WORLD_SIZE / LOCAL_WORLD_SIZE'}); "
+        source = _LAUNCHER_SOURCES.get(launcher, _ELASTIC_SOURCES)[name]
+        raise LaunchMismatchError(
+            f"parallel.{name}={asked} disagrees with {launcher}, which started {given} ({source}); "
             f"set parallel.{name} to {given} or drop it to take the launcher's value"
         )
     return given
@@ -269,7 +282,7 @@ def resolve_plan(
             local = environment.local_world_size
             if ids is None and local is not None:
                 if local > hardware.gpus:
-                    raise UserError(
+                    raise LaunchMismatchError(
                         f"{external} started {local} processes per node but this machine has {hardware.gpus} GPUs; "
                         f"launch at most {hardware.gpus}"
                     )
@@ -284,7 +297,7 @@ def resolve_plan(
         )
     world_size = per_node * num_nodes
     if external and environment.world_size is not None and environment.world_size != world_size:
-        raise UserError(
+        raise LaunchMismatchError(
             f"the plan has world size {world_size} (devices {per_node} x nodes {num_nodes}) but {external} "
             f"set WORLD_SIZE={environment.world_size}; make parallel.devices x parallel.num_nodes match"
         )
@@ -323,7 +336,8 @@ def resolve_plan(
         if start_method == "fork":
             notes.append("interactive session: processes are started by fork")
     launcher = environment.launcher if (external or world_size > 1) else "none"
-    launch = {k: v for k, v in environment.to_dict().items() if k not in ("launcher", "external") and v is not None}
+    launch, launch_notes = describe_launch(environment, per_node, num_nodes)
+    notes.extend(launch_notes)
     return Plan(
         scenario=scenario,
         accelerator=accelerator,

@@ -82,8 +82,12 @@ class GlobalBatchSampler(DistributedSampler):
             yield from order[k * self.global_batch_size :][start:stop].tolist()
 
     def __len__(self) -> int:
-        """Samples this rank yields in the current epoch."""
-        return (self.num_global_batches - self._skip()) * self.batch_size
+        """Samples of a whole epoch on this rank, also while a resumed epoch skips its first batches.
+
+        Lightning counts a resumed epoch's batches on from where it stopped, against this full length;
+        ``__iter__`` yields only the batches not trained on yet.
+        """
+        return self.num_global_batches * self.batch_size
 
 
 class EvalShardSampler(DistributedSampler):

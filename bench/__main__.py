@@ -1,0 +1,56 @@
+"""``python -m bench [--quick]``: raw PyTorch vs plain Lightning vs the template, then the table and plot."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.commands import REPO
+from bench.harness import gpu_available, machine, run_all
+from bench.report import markdown, plot, to_json
+from bench.workloads import rows
+
+RESULTS = REPO / "bench" / "results"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a short run that checks the code paths (for tests)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 3; quick: 1)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads per process for every way (0: torch's default)"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="where results.md/.png/.json go")
+    parser.add_argument("--work", type=Path, default=None, help="scratch directory for data and run directories")
+    args = parser.parse_args(argv)
+    mode = "quick" if args.quick else "full"
+    # Absolute: every run starts in its own directory.
+    out = (args.out or (RESULTS / "tmp" / "quick" if args.quick else RESULTS)).resolve()
+    work = (args.work or RESULTS / "tmp" / mode).resolve()
+    repeats = args.repeats or (1 if args.quick else 3)
+    out.mkdir(parents=True, exist_ok=True)
+
+    has_gpu, gpu_note = gpu_available()
+    if not has_gpu:
+        gpu_note = f"skipped: {gpu_note}"
+    print(f"bench ({mode}): {repeats} repeat(s); GPU row: {gpu_note}", flush=True)
+    found = rows(args.quick, has_gpu)
+    results = run_all(found, repeats, work, args.threads, args.quick, log=lambda line: print(line, flush=True))
+    info = machine()
+    text = markdown(results, info, gpu_note, args.quick)
+    (out / "results.md").write_text(text)
+    (out / "results.json").write_text(to_json(results, info, gpu_note) + "\n")
+    plot(results, out / "results.png")
+    print()
+    print(text)
+    print(f"wrote {out / 'results.md'}, {out / 'results.png'}, {out / 'results.json'}")
+    bad = [r.row.key for r in results["rows"] if not r.equal_work()[0]]
+    if bad:
+        print(f"error: the ways did not do equal work (or failed) in {bad}; see the table", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

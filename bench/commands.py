@@ -1,0 +1,116 @@
+"""The command lines of the three ways to train (raw, plain Lightning, the template) and their inputs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from bench.record import OUT_ENV, WARMUP_ENV
+from bench.workloads import Row, Workload
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = ("raw", "floor", "plain", "template")
+LABELS = {"raw": "raw PyTorch", "floor": "Lightning floor", "plain": "plain Lightning", "template": "template"}
+
+
+def prepare_data(workload: Workload, directory: Path) -> Path:
+    """Write the template's own training split (SyntheticDataModule, same seed) for the raw and plain runs."""
+    from project.data.synthetic import SyntheticDataModule
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{workload.name}-train.pt"
+    if not path.exists():
+        import torch
+
+        data = SyntheticDataModule(**workload.data_args())
+        data.setup("fit")
+        x, y = data.train_set.tensors  # type: ignore[union-attr]
+        torch.save({"x": x.contiguous(), "y": y.contiguous()}, path)
+    return path
+
+
+def write_template_config(workload: Workload, directory: Path) -> Path:
+    """The workload as a config file layered over ``configs/digits.yaml``."""
+    path = directory / f"{workload.name}.yaml"
+    path.write_text(yaml.safe_dump(workload.template_config(), sort_keys=False))
+    return path
+
+
+def template_layout(row: Row) -> list[str]:
+    """The template's own parallel config for the row."""
+    if row.device == "gpu":
+        return ["--config", str(REPO / "configs/parallel/single_gpu.yaml"), "--trainer.precision", "bf16-mixed"]
+    if row.processes == 1:
+        return []  # configs/digits.yaml's `parallel.scenario: auto` is one CPU process here
+    if row.processes == 2:
+        return ["--config", str(REPO / "configs/parallel/cpu_ddp.yaml")]
+    return ["--config", str(REPO / "configs/parallel/cpu_ddp.yaml"), "--parallel.devices", str(row.processes)]
+
+
+def command(variant: str, row: Row, data: Path, config: Path) -> list[str]:
+    """The command line that trains ``row`` the ``variant`` way."""
+    python = sys.executable
+    workload = row.workload
+    if variant == "raw":
+        script = [str(REPO / "bench/raw.py"), "--data", str(data), "--warmup", str(workload.warmup)]
+        script += workload.script_args()
+        if row.device == "gpu":
+            script += ["--device", "cuda", "--bf16"]
+        if row.processes == 1:
+            return [python, *script]
+        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={row.processes}", *script]
+    if variant in ("plain", "floor"):
+        args = [python, "-m", "bench.plain", "--data", str(data), "--devices", str(row.processes)]
+        if variant == "floor":
+            args.append("--bare")
+        if row.device == "gpu":
+            args += ["--accelerator", "gpu", "--precision", "bf16-mixed"]
+        return args + workload.script_args()
+    if variant == "template":
+        return [
+            python, "-m", "project", "fit",
+            "--config", str(REPO / "configs/digits.yaml"),
+            *template_layout(row),
+            "--config", str(config),
+            "--trainer.callbacks+=bench.timing.StepTimer",
+        ]  # fmt: skip
+    raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
+
+
+def latency_commands(quick: bool = False) -> dict[str, dict[str, list[str]]]:
+    """Start-up latency without training: ``--help`` of each, and the template's ``plan`` (quick: raw's)."""
+    python = sys.executable
+    if quick:
+        return {"--help": {"raw": [python, str(REPO / "bench/raw.py"), "--help"]}}
+    return {
+        "--help": {
+            "raw": [python, str(REPO / "bench/raw.py"), "--help"],
+            "plain": [python, "-m", "bench.plain", "--help"],
+            "template": [python, "-m", "project", "--help"],
+        },
+        "plan": {"template": [python, "-m", "project", "plan", "--config", str(REPO / "configs/digits.yaml")]},
+    }
+
+
+def environment(row: Row | None, record: Path | None, warmup: int = 0, threads: int = 1) -> dict[str, str]:
+    """The child's environment: repository importable, where to write the record, threads per process.
+
+    ``threads`` intra-op threads per process (0: torch's default), the same for all three ways. One is
+    what torchrun gives each DDP process; with two per process, a shared 2-core machine falls into
+    OpenMP spin-waits that slow a run by up to 10x and swamp what is measured here.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "TORCHELASTIC"))}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    if record is not None:
+        env[OUT_ENV] = str(record)
+        env[WARMUP_ENV] = str(warmup)
+    if threads > 0:
+        env["OMP_NUM_THREADS"] = str(threads)
+    else:
+        env.pop("OMP_NUM_THREADS", None)
+    return env

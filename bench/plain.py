@@ -1,0 +1,103 @@
+"""Plain Lightning: a minimal LightningModule with one ``self.log`` per step and Trainer defaults.
+
+    python -m bench.plain --data train.pt --steps 2000 [--devices 2] [--bare]
+
+The same network, tensors, batch order, optimizer and step count as ``bench/raw.py``; everything
+else is what ``lightning.Trainer`` does by default (progress bar, TensorBoard logger, checkpoint,
+model summary, DDP with its default flags when ``--devices`` > 1).
+
+``--bare`` is Lightning's floor: ``Trainer(barebones=True)`` (no logger, progress bar, checkpoint,
+model summary, sanity check or profiler), no ``self.log`` and, under DDP, the raw script's
+``broadcast_buffers=False``: Lightning's training loop alone. Nothing built on the Trainer's automatic
+optimization can be faster than this.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import DataLoader, TensorDataset
+
+from bench.timing import StepTimer
+from project.models.digits_net import DigitsNet
+from project.parallel.plan import ddp_buffer_kwargs
+from project.parallel.sampling import GlobalBatchSampler
+
+
+class PlainModule(L.LightningModule):
+    """What a user writes first: forward, loss, one ``self.log``, an optimizer."""
+
+    def __init__(self, net: torch.nn.Module, lr: float, momentum: float, log: bool = True) -> None:
+        super().__init__()
+        self.net = net
+        self.lr, self.momentum, self.log_loss = lr, momentum, log
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.net(x), y)
+        if self.log_loss:
+            self.log("train/loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+
+
+class PlainData(L.LightningDataModule):
+    """The bench tensors in the template's world-size-invariant order (a DistributedSampler, so kept as is)."""
+
+    def __init__(self, dataset: TensorDataset, batch_size: int, seed: int, pin_memory: bool) -> None:
+        super().__init__()
+        self.dataset, self.batch_size, self.seed, self.pin_memory = dataset, batch_size, seed, pin_memory
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = self.dataset
+        world, rank = self.trainer.world_size, self.trainer.global_rank
+        sampler = GlobalBatchSampler(dataset, self.batch_size, num_replicas=world, rank=rank, seed=self.seed)
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, pin_memory=self.pin_memory)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Plain Lightning with Trainer defaults.")
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--data-seed", type=int, default=0)
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--accelerator", default="cpu")
+    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--bare", action="store_true", help="Lightning's floor: barebones Trainer, no self.log")
+    args = parser.parse_args()
+
+    tensors = torch.load(args.data, weights_only=True)
+    torch.manual_seed(args.seed)
+    net = DigitsNet(in_features=tensors["x"].shape[1], hidden=args.hidden, dropout=0.0, batch_norm=True)
+    model = PlainModule(net, args.lr, args.momentum, log=not args.bare)
+    dataset = TensorDataset(tensors["x"], tensors["y"])
+    data = PlainData(dataset, args.batch_size, args.data_seed, pin_memory=args.accelerator == "gpu")
+    strategy: str | DDPStrategy = "auto"
+    if args.bare and args.devices > 1:
+        # The floor measures Lightning's loop, not a DDP flag: the raw script's broadcast_buffers=False.
+        strategy = DDPStrategy(**ddp_buffer_kwargs(False))
+    trainer = L.Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy=strategy,
+        precision=args.precision,
+        max_steps=args.steps,
+        callbacks=[StepTimer()],
+        barebones=args.bare,  # Lightning's own "measure my overhead" mode
+    )
+    trainer.fit(model, datamodule=data)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""The results as a markdown table (``results.md``), a plot (``results.png``) and JSON (``results.json``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.commands import LABELS, VARIANTS
+from bench.harness import LatencyResult, RowResult
+from bench.workloads import STARTUP_SLACK_S, TARGETS
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "—" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
+
+
+def _met(ok: bool | None) -> str:
+    return "—" if ok is None else ("yes" if ok else "**no**")
+
+
+def throughput_table(rows: list[RowResult]) -> list[str]:
+    """Steps/s medians, ratios to raw (and of the template to plain Lightning), the target and the equal-work check."""
+    lines = [
+        "| workload, layout | raw steps/s | Lightning floor | plain Lightning | template | floor / raw | plain / raw "
+        "| **template / raw** | template / plain | target | met | noise | equal work: final loss |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | :-: | ---: | --- |",
+    ]
+    for result in rows:
+        raw, floor, plain, tpl = (result.median(v, "steps_per_s") for v in VARIANTS)
+        target = TARGETS.get(result.row.key)
+        met = None
+        if tpl is not None and raw is not None:
+            met = (plain is None or tpl >= plain) and (target is None or tpl / raw >= target)
+        spreads = [s for s in (result.spread(v, "steps_per_s") for v in VARIANTS) if s is not None]
+        noise = f"{max(spreads) * 100:.0f}%" if spreads else "—"
+        same, detail = result.equal_work()
+        check = f"same: {detail}" if same else f"**NO**: {detail[:300]}"
+        target_text = f">= {target:.2f}x, >= plain" if target else ">= plain"
+        lines.append(
+            f"| {result.row.title} | {_num(raw)} | {_num(floor)} | {_num(plain)} | {_num(tpl)} "
+            f"| {_ratio(floor, raw)} | {_ratio(plain, raw)} | **{_ratio(tpl, raw)}** | {_ratio(tpl, plain)} "
+            f"| {target_text} | {_met(met)} | {noise} | {check} |"
+        )
+    return lines
+
+
+def scaling_table(rows: list[RowResult]) -> list[str]:
+    """Samples/s at 1 and 2 CPU processes, for each workload that ran at both."""
+    lines = [
+        "| workload | way | 1 process samples/s | 2 processes samples/s | 2 / 1 |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    by_key = {r.row.key: r for r in rows}
+    for result in rows:
+        row = result.row
+        two = by_key.get(f"{row.workload.name}-cpu-2")
+        if row.device != "cpu" or row.processes != 1 or two is None:
+            continue
+        for variant in VARIANTS:
+            one_s = result.median(variant, "steps_per_s")
+            two_s = two.median(variant, "steps_per_s")
+            a = None if one_s is None else one_s * row.workload.batch_size
+            b = None if two_s is None else two_s * row.workload.batch_size * 2
+            lines.append(f"| {row.workload.title} | {LABELS[variant]} | {_num(a)} | {_num(b)} | {_ratio(b, a)} |")
+    return lines
+
+
+def startup_table(rows: list[RowResult], latency: list[LatencyResult]) -> list[str]:
+    """Seconds from the command to the first optimizer step, and of commands that only start and exit."""
+    shown = ("raw", "plain", "template")
+    lines = [
+        "| seconds (median) | raw | plain Lightning | template | template - raw | template / raw | target | met |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- | :-: |",
+    ]
+    for result in rows:
+        raw, plain, tpl = (result.median(v, "startup_s") for v in shown)
+        diff = None if raw is None or tpl is None else tpl - raw
+        met = None if diff is None else diff <= STARTUP_SLACK_S
+        lines.append(
+            f"| command to first step: {result.row.title} | {_num(raw, 2)} | {_num(plain, 2)} | {_num(tpl, 2)} "
+            f"| {_num(diff, 2)} | {_ratio(tpl, raw)} | <= raw + {STARTUP_SLACK_S:g} s | {_met(met)} |"
+        )
+    for item in latency:
+        raw, plain, tpl = (item.median(v) for v in shown)
+        diff = None if raw is None or tpl is None else tpl - raw
+        what = "`--help`" if item.name == "--help" else "`plan --config configs/digits.yaml` (template only)"
+        lines.append(
+            f"| {what} | {_num(raw, 2)} | {_num(plain, 2)} | {_num(tpl, 2)} | {_num(diff, 2)} "
+            f"| {_ratio(tpl, raw)} | — | — |"
+        )
+    return lines
+
+
+def markdown(results: dict[str, Any], machine: dict[str, Any], gpu_note: str, quick: bool) -> str:
+    """The whole ``results.md``."""
+    rows: list[RowResult] = results["rows"]
+    load_a, load_b = results["load_before"], results["load_after"]
+    cores = machine["cores"]
+    head = [
+        "# Benchmark results" + (" (quick mode: code-path check, timings mean nothing)" if quick else ""),
+        "",
+        f"- Machine: {machine['cpu']}, {cores} cores, {machine['gpu'] or 'no GPU'}; {machine['platform']}",
+        f"- Software: Python {machine['python']}, torch {machine['torch']}, lightning {machine['lightning']}; "
+        f"intra-op threads per process: {results['threads'] or 'torch default'} for every way "
+        f"(`--threads`; torch's default here: {machine['torch_threads']})",
+        f"- Run: `{' '.join(['python -m bench', *results['argv'][1:]])}`, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
+        f"{results['repeats']} interleaved repeats, {results['elapsed_s'] / 60:.1f} min",
+        f"- Load average (1/5/15 min) before: {load_a[0]:.2f}/{load_a[1]:.2f}/{load_a[2]:.2f}, "
+        f"after: {load_b[0]:.2f}/{load_b[1]:.2f}/{load_b[2]:.2f} on {cores} cores "
+        "(above the core count means other work shared the machine and slowed every way alike)",
+        "- Steps/s: median over repeats of (steps after warm-up) / (time from the end of the warm-up step to the "
+        "end of the last step). Noise: (max - min) / median over the repeats, worst of the ways.",
+        "- Ways: *raw* is `bench/raw.py` (the seed's loop; torchrun for DDP); *Lightning floor* is `bench/plain.py "
+        "--bare`, `Trainer(barebones=True)` without `self.log`: Lightning's loop alone, nothing on "
+        "`Trainer.fit` can be faster); *plain Lightning* is `bench/plain.py`, Trainer defaults and one `self.log` "
+        "per step; *template* is `python -m project fit --config configs/digits.yaml` (+ `configs/parallel/"
+        "cpu_ddp.yaml` for 2 processes) with the workload's model, data, optimizer and steps layered on top.",
+        "",
+        "## Throughput",
+        "",
+        *throughput_table(rows),
+        "",
+        f"GPU row: {gpu_note}",
+        "",
+        "## Scaling on CPU",
+        "",
+        *scaling_table(rows),
+        "",
+        "## Start-up",
+        "",
+        *startup_table(rows, results["latency"]),
+        "",
+    ]
+    return "\n".join(head)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Throughput relative to raw per row (with targets), and start-up seconds per way."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows: list[RowResult] = results["rows"]
+    colors = {"raw": "#888888", "floor": "#7570b3", "plain": "#d95f02", "template": "#1b9e77"}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+    width = 0.2
+    for k, variant in enumerate(VARIANTS):
+        values = []
+        for result in rows:
+            raw, own = result.median("raw", "steps_per_s"), result.median(variant, "steps_per_s")
+            values.append(0.0 if raw is None or own is None else own / raw)
+        xs = [i + (k - 1.5) * width for i in range(len(rows))]
+        left.bar(xs, values, width, label=LABELS[variant], color=colors[variant])
+    for i, result in enumerate(rows):
+        target = TARGETS.get(result.row.key)
+        if target:
+            left.hlines(target, i - 2 * width, i + 2 * width, colors="black", linestyles="dashed")
+    left.set_xticks(range(len(rows)), [r.row.title.replace(", ", "\n", 1) for r in rows], fontsize=7)
+    left.set_ylabel("steps/s relative to raw PyTorch (dashed: target)")
+    left.set_title("Throughput (higher is better)")
+    left.legend(fontsize=8)
+
+    shown = ("raw", "plain", "template")
+    labels, series = [], {v: [] for v in shown}
+    for result in rows:
+        labels.append(f"first step\n{result.row.workload.name}, {result.row.processes}p")
+        for variant in shown:
+            series[variant].append(result.median(variant, "startup_s") or 0.0)
+    for item in results["latency"]:
+        labels.append(item.name)
+        for variant in shown:
+            series[variant].append(item.median(variant) or 0.0)
+    for k, variant in enumerate(shown):
+        xs = [i + (k - 1) * width for i in range(len(labels))]
+        right.bar(xs, series[variant], width, label=LABELS[variant], color=colors[variant])
+    right.set_xticks(range(len(labels)), labels, fontsize=7)
+    right.set_ylabel("seconds")
+    right.set_title("Start-up (lower is better)")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def to_json(results: dict[str, Any], machine: dict[str, Any], gpu_note: str) -> str:
+    """Every run, for re-analysis (and the test's equal-work assertions)."""
+    rows = []
+    for result in results["rows"]:
+        same, detail = result.equal_work()
+        rows.append(
+            {
+                "key": result.row.key,
+                "title": result.row.title,
+                "workload": asdict(result.row.workload),
+                "processes": result.row.processes,
+                "equal_work": same,
+                "equal_work_detail": detail,
+                "runs": [asdict(run) for run in result.runs],
+            }
+        )
+    latency = [{"name": item.name, "walls": item.walls} for item in results["latency"]]
+    keys = ("elapsed_s", "load_before", "load_after", "repeats", "threads", "argv")
+    data = {key: results[key] for key in keys}
+    return json.dumps({**data, "machine": machine, "gpu": gpu_note, "rows": rows, "latency": latency}, indent=1)

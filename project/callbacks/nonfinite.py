@@ -1,0 +1,121 @@
+"""A non-finite training loss (nan, inf): stop with the step named, or skip that step's update.
+
+Every rank must take the same decision, or the ranks that go on wait forever in the next gradient
+all-reduce for the ones that stopped. So the loss each rank saw is gathered before the optimizer
+step (one scalar per rank per step) and all ranks act on the same verdict.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor
+
+from project.errors import RunFailure, UserError
+
+ACTIONS = ("stop", "skip")
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RunFailure):
+    """The training loss was nan or inf; the message names the step and the rank(s)."""
+
+
+def _latest_checkpoint(trainer: L.Trainer) -> str | None:
+    """The newest checkpoint file this run wrote, if any."""
+    paths = {
+        Path(p)
+        for cb in trainer.callbacks
+        if isinstance(cb, ModelCheckpoint)
+        for p in (cb.last_model_path, cb.best_model_path)
+        if p and Path(p).is_file()
+    }
+    return str(max(paths, key=lambda p: p.stat().st_mtime)) if paths else None
+
+
+class NonFiniteLossCallback(L.Callback):
+    """Check the training loss before every optimizer step, on every rank, and agree on what to do.
+
+    Args:
+        action: ``stop``: end the run with an error naming the step and rank; the update is never
+            applied, so the checkpoints already written are the last good weights. ``skip``: drop
+            that step's update (the parameters and the buffers, e.g. BatchNorm statistics, stay as
+            they were before the step) and go on; each skip is a warning and counts in
+            ``train/skipped_steps``.
+    """
+
+    def __init__(self, action: str = "stop") -> None:
+        if action not in ACTIONS:
+            raise ValueError(f"NonFiniteLossCallback action={action!r} is not one of {', '.join(ACTIONS)}")
+        self.action = action
+        self.skipped = 0
+        # The loss this rank reports for the current optimizer step: the first non-finite one of its
+        # accumulated micro-batches, else the latest. Kept on the device: no sync until the step.
+        self._loss: Tensor | None = None
+        self._buffers: list[Tensor] | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Refuse ``skip`` next to a gradient scaler, whose step needs the gradients that skip removes."""
+        if self.action == "skip" and getattr(trainer.precision_plugin, "scaler", None) is not None:
+            raise UserError(
+                "NonFiniteLossCallback action: skip does not work with a gradient scaler (precision 16-mixed), "
+                "which already skips steps whose gradients overflow; use action: stop"
+            )
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """Before a step's first micro-batch, remember the buffers that a skipped step must restore."""
+        if self.action == "skip" and self._loss is None:
+            self._buffers = [b.detach().clone() for b in pl_module.buffers()]
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
+        """Keep this micro-batch's loss (a non-finite one sticks until the optimizer step)."""
+        loss = loss.detach().float()
+        self._loss = loss if self._loss is None else torch.where(torch.isfinite(self._loss), loss, self._loss)
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """Gather every rank's loss; if one is not finite, stop or drop the update on all ranks alike."""
+        if self._loss is None:
+            return
+        losses = trainer.strategy.all_gather(self._loss).reshape(-1).cpu()
+        self._loss = None
+        bad = [rank for rank, value in enumerate(losses.tolist()) if not math.isfinite(value)]
+        if not bad:
+            return
+        where = f"step {trainer.global_step} (epoch {trainer.current_epoch})"
+        ranks = ", ".join(f"rank {r}: {losses[r].item()}" for r in bad)
+        if self.action == "stop":
+            checkpoint = _latest_checkpoint(trainer)
+            kept = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written yet"
+            raise NonFiniteLossError(
+                f"the training loss is not finite at {where} ({ranks}); stopped before applying that update, "
+                f"{kept}. Lower the learning rate, clip gradients (trainer.gradient_clip_val) or check the data; "
+                "or skip such steps with NonFiniteLossCallback action: skip"
+            )
+        # Parameters without a gradient are left alone by every torch optimizer: the update is dropped.
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                param.grad = None
+        if self._buffers is not None:
+            with torch.no_grad():
+                for buffer, saved in zip(pl_module.buffers(), self._buffers):
+                    buffer.copy_(saved)
+        self.skipped += 1
+        if trainer.is_global_zero:
+            log.warning("skipped the update of %s: the training loss is not finite (%s)", where, ranks)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Log how many steps were skipped so far (once per epoch, whatever the logging interval)."""
+        if self.action == "skip":
+            pl_module.log("train/skipped_steps", float(self.skipped), on_step=False, on_epoch=True, reduce_fx="max")

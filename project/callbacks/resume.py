@@ -1,0 +1,104 @@
+"""What an exact resume needs beyond Lightning's checkpoint: every rank's random state, and one checkpoint for all.
+
+Lightning saves weights, optimizer, schedulers, loop progress and callback states, but not the
+random number generators: after a resume, dropout (or anything random in ``training_step``) would
+draw different numbers than the uninterrupted run. This callback stores the generators of every
+rank (torch, CUDA, numpy, Python) in each checkpoint and puts them back just before the first
+resumed step, after Lightning has built the data iterator (which may draw a seed from them).
+
+It also stops a run whose ranks would resume from different files, e.g. nodes that do not share the
+``logs/`` folder, with one line instead of silently diverging ranks.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from project.errors import UserError
+
+
+def _bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.numpy().tobytes()
+
+
+def _tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _rng_state() -> dict[str, Any]:
+    """This process's generators as plain values: they travel between ranks as objects and load with weights_only."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": _bytes(torch.get_rng_state()),
+        "cuda": [_bytes(state) for state in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(_tensor(state["torch"]))
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_tensor(cuda) for cuda in state["cuda"]])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def _gather(value: Any, trainer: L.Trainer) -> list[Any]:
+    """``value`` of every rank, in rank order (just ``[value]`` on one process)."""
+    if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    gathered: list[Any] = [None] * trainer.world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+class ResumeCallback(L.Callback):
+    """Save and restore every rank's random state; check that all ranks resume from the same checkpoint.
+
+    The CLI adds it to every run.
+
+    Args:
+        ckpt_path: The checkpoint this process was told to start from (``None``: a new run).
+    """
+
+    def __init__(self, ckpt_path: str | None = None) -> None:
+        self.ckpt_path = ckpt_path
+        self._to_restore: list[dict[str, Any]] | None = None
+        self._trainer: L.Trainer | None = None  # state_dict() gets no trainer argument
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Refuse to start when the ranks were given different checkpoints (every rank raises the same error)."""
+        self._trainer = trainer
+        paths = _gather(self.ckpt_path, trainer)
+        if len(set(paths)) > 1:
+            listed = ", ".join(f"rank {rank}: {path or 'none (new run)'}" for rank, path in enumerate(paths))
+            raise UserError(
+                f"the ranks would start from different checkpoints ({listed}); every node must see the same "
+                "logs/ folder (a shared filesystem), or give the same --ckpt_path PATH to every node"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The random state of every rank (a collective: Lightning dumps checkpoints on all ranks)."""
+        trainer = self._trainer
+        return {"rng": _gather(_rng_state(), trainer) if trainer is not None else [_rng_state()]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the saved random states until training starts."""
+        self._to_restore = state_dict.get("rng")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Put this rank's saved generators back, right before the first resumed step."""
+        states, self._to_restore = self._to_restore, None
+        if not states:
+            return
+        # Same world size: each rank gets its own; otherwise rank 0's, the best available guess.
+        _set_rng_state(states[trainer.global_rank] if len(states) == trainer.world_size else states[0])

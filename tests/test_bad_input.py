@@ -1,0 +1,162 @@
+"""Every bad input of issue 6: exit code != 0 within seconds, one ``error:`` line naming the bad value, no
+traceback, and an existing run directory left exactly as it was (no file touched, no new version).
+
+Each case runs the CLI as a user would, in its own folder that already holds a finished run. The cases run
+two at a time (each CLI start costs a few seconds of imports); the table below is the specification.
+Cases about GPU ids use ``plan --assume_gpus N``: the same resolution ``fit`` runs on an N-GPU machine.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.models.digits_net import DigitsNet
+
+from helpers import CPU_DDP, DIGITS, FAST, free_port, run_cli, run_dirs
+
+# The upper bound of "within seconds": a CLI start is ~4 s; two run side by side on 2 cores.
+SECONDS = 30
+BASE = ["--config", DIGITS, "--config", FAST]
+RUN = "logs/digits/version_0"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: the command line (``{run}``/``{tmp}`` filled in), extra environment, and what the error names."""
+
+    args: tuple[str, ...]
+    needles: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def torchrun_env(world_size: int, local_world_size: int) -> dict[str, str]:
+    """What torchrun sets for rank 0 of a job of ``world_size`` processes, ``local_world_size`` per node."""
+    return {
+        "TORCHELASTIC_RUN_ID": "bad-input",
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+
+
+CASES = {
+    "gpu-id-does-not-exist": Case(
+        ("plan", *BASE, "--assume_gpus", "2", "--parallel.scenario", "ddp", "--parallel.devices", "[0, 7]"),
+        ("parallel.devices=[0, 7]", "[7] do not exist"),
+    ),
+    "duplicate-gpu-ids": Case(
+        ("plan", *BASE, "--assume_gpus", "2", "--parallel.scenario", "ddp", "--parallel.devices", "[1, 1]"),
+        ("parallel.devices=[1, 1]", "repeats"),
+    ),
+    "empty-device-list": Case(
+        ("plan", *BASE, "--assume_gpus", "2", "--parallel.scenario", "ddp", "--parallel.devices", "[]"),
+        ("parallel.devices=[]", "empty"),
+    ),
+    "devices-all-without-gpu": Case(
+        ("fit", *BASE, "--parallel.scenario", "ddp", "--parallel.devices", "all"),
+        ("scenario='ddp'", "devices='all'", "no GPU"),
+    ),
+    "gpu-ids-without-gpu": Case(
+        ("fit", *BASE, "--parallel.scenario", "dp", "--parallel.devices", "[0, 1, 2]"),
+        ("scenario='dp'", "devices=[0, 1, 2]", "no GPU"),
+    ),
+    "global-batch-does-not-divide": Case(
+        ("fit", *BASE, "--config", CPU_DDP, "--parallel.global_batch_size", "63"),
+        ("global_batch_size=63", "world size 2", "62 or 64"),
+    ),
+    "batch-size-zero": Case(("fit", *BASE, "--data.init_args.batch_size", "0"), ("batch_size=0",)),
+    "num-nodes-zero": Case(("fit", *BASE, "--parallel.num_nodes", "0"), ("num_nodes=0",)),
+    "sync-batchnorm-on-cpu": Case(
+        ("fit", *BASE, "--config", CPU_DDP, "--parallel.sync_batchnorm", "true"), ("sync_batchnorm", "CPU")
+    ),
+    "unknown-scenario": Case(("fit", *BASE, "--parallel.scenario", "tpu"), ("scenario='tpu'",)),
+    "nccl-on-cpu": Case(("fit", *BASE, "--config", CPU_DDP, "--parallel.backend", "nccl"), ("backend='nccl'",)),
+    "mpi-backend": Case(("fit", *BASE, "--config", CPU_DDP, "--parallel.backend", "mpi"), ("backend='mpi'",)),
+    "broken-yaml": Case(("fit", *BASE, "--config", "{tmp}/broken.yaml"), ("broken.yaml", "not valid YAML")),
+    "missing-config-file": Case(("fit", *BASE, "--config", "{tmp}/nowhere.yaml"), ("nowhere.yaml", "does not exist")),
+    "missing-checkpoint": Case(("fit", *BASE, "--ckpt_path", "{run}/checkpoints/gone.ckpt"), ("gone.ckpt",)),
+    "checkpoint-of-another-model": Case(
+        ("fit", *BASE, "--ckpt_path", "{run}/checkpoints/last.ckpt"),
+        ("last.ckpt", "another model", "(32, 64)", "config.yaml"),
+    ),
+    "legacy-weights-with-extra-keys": Case(
+        ("fit", *BASE, "--model.init_args.weights", "{tmp}/legacy_ddp.pt"), ("legacy_ddp.pt", "unexpected", "extra")
+    ),
+    "local-rank-disagrees": Case(
+        ("fit", *BASE, "--local_rank=0"), ("--local_rank=0", "LOCAL_RANK=1"), {"LOCAL_RANK": "1"}
+    ),
+    "world-size-disagrees-with-torchrun": Case(
+        ("fit", *BASE, "--config", CPU_DDP), ("parallel.devices=2", "torchrun", "4"), torchrun_env(4, 4)
+    ),
+    "world-size-not-devices-times-nodes": Case(
+        ("fit", *BASE, "--config", CPU_DDP), ("world size 2", "WORLD_SIZE=3"), torchrun_env(3, 2)
+    ),
+    "unknown-config-key": Case(("fit", *BASE, "--parallel.gpus", "2"), ("unknown option 'gpus' in parallel",)),
+}
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folder`` with its size and modification time."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A folder holding a short finished run (hidden=32, so its checkpoint is of another model than the config's)."""
+    cwd = tmp_path_factory.mktemp("finished")
+    args = ["fit", *BASE, "--model.init_args.net.init_args.hidden", "32", "--trainer.max_steps", "2"]
+    args += ["--trainer.limit_val_batches", "1", "--test_after_fit", "false"]
+    result = run_cli(args, cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in run_dirs(cwd)] == ["version_0"]
+    return cwd
+
+
+def run_case(name: str, case: Case, template: Path, root: Path) -> dict:
+    """Run one case in a copy of the finished run's folder; return what the test checks."""
+    cwd = root / name
+    shutil.copytree(template, cwd)  # copy2: the copy keeps the files' times, so any touch shows
+    (cwd / "broken.yaml").write_text("trainer:\n  max_epochs: [1\n")
+    legacy = {f"module.{k}": v for k, v in DigitsNet().state_dict().items()}
+    torch.save({**legacy, "module.extra.weight": torch.zeros(3)}, cwd / "legacy_ddp.pt")
+    before = snapshot(cwd / "logs")
+    args = [a.format(run=str(cwd / RUN), tmp=str(cwd)) for a in case.args]
+    start = time.monotonic()
+    result = run_cli(args, cwd, env=case.env, timeout=120)
+    return {"result": result, "seconds": time.monotonic() - start, "before": before, "after": snapshot(cwd / "logs")}
+
+
+@pytest.fixture(scope="module")
+def outcomes(finished_run, tmp_path_factory) -> dict[str, dict]:
+    """All cases, two at a time."""
+    root = tmp_path_factory.mktemp("cases")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(run_case, name, case, finished_run, root) for name, case in CASES.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_clear_line_and_touches_nothing(outcomes, name):
+    outcome, case = outcomes[name], CASES[name]
+    result = outcome["result"]
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert outcome["seconds"] < SECONDS, f"took {outcome['seconds']:.0f} s"
+    assert "Traceback" not in output, output
+    errors = [line for line in result.stderr.splitlines() if re.match(r"(\[rank \d+\] )?error: ", line)]
+    assert len(errors) == 1, result.stderr
+    for needle in case.needles:
+        assert needle in errors[0], f"{needle!r} not in: {errors[0]}"
+    assert outcome["after"] == outcome["before"], "the existing run directory changed or a new version appeared"

@@ -1,0 +1,63 @@
+"""The benchmark harness cannot rot: its quick mode trains the three ways, and they end at the same loss."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, cli_env
+
+sys.path.insert(0, str(REPO))  # `bench` is a folder of the repository, not an installed package
+from bench.harness import RowResult, Run
+from bench.workloads import QUICK_SMALL, Row
+
+
+@pytest.mark.distributed
+def test_quick_bench_runs_raw_plain_and_template_to_the_same_loss(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path), "--work", str(tmp_path / "work")],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    data = json.loads((tmp_path / "results.json").read_text())
+    rows = {row["key"]: row for row in data["rows"]}
+    assert sorted(rows) == ["small-cpu-1", "small-cpu-2"]
+    for row in rows.values():
+        assert row["equal_work"], row["equal_work_detail"]
+        records = [run["record"] for run in row["runs"]]
+        assert all(record is not None and record["steps"] == QUICK_SMALL.steps for record in records)
+        # Not a timing assertion: the harness really measured something.
+        assert all(record["steps_per_s"] > 0 and record["startup_s"] > 0 for record in records)
+        assert len({record["final_loss"] for record in records}) == 1
+        assert len({record["checksum"] for record in records}) == 1
+    assert {run["variant"] for run in rows["small-cpu-1"]["runs"]} == {"raw", "plain", "template"}
+    assert {run["variant"] for run in rows["small-cpu-2"]["runs"]} == {"raw", "template"}
+    table = (tmp_path / "results.md").read_text()
+    assert "template / raw" in table and "GPU row:" in table
+    assert (tmp_path / "results.png").stat().st_size > 0
+    assert "equal work" in result.stdout
+
+
+def _run(variant: str, loss: float, checksum: float = 1.0) -> Run:
+    record = {"final_loss": loss, "checksum": checksum, "steps_per_s": 1.0, "startup_s": 1.0}
+    return Run(variant, 0, 1.0, record)
+
+
+def test_equal_work_check_tells_different_losses_and_failures_apart():
+    same = RowResult(Row(QUICK_SMALL, 1), [_run("raw", 0.5), _run("plain", 0.5 * (1 + 1e-7)), _run("template", 0.5)])
+    assert same.equal_work()[0]
+    different = RowResult(Row(QUICK_SMALL, 1), [_run("raw", 0.5), _run("template", 0.51)])
+    ok, detail = different.equal_work()
+    assert not ok and "final_loss" in detail
+    weights = RowResult(Row(QUICK_SMALL, 1), [_run("raw", 0.5, 1.0), _run("template", 0.5, 2.0)])
+    assert not weights.equal_work()[0]
+    failed = RowResult(Row(QUICK_SMALL, 1), [_run("raw", 0.5), Run("template", 0, 1.0, None, "exit 1: boom")])
+    ok, detail = failed.equal_work()
+    assert not ok and "boom" in detail

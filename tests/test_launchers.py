@@ -1,0 +1,206 @@
+"""Every way the seed's users launch: Lightning's launcher, torchrun, torch.distributed.launch, several nodes, SLURM.
+
+Each test starts real processes (CPU, gloo) the way a user would and reads the ``plan.json`` of the
+run: the layout it took from the launcher and what Lightning itself detected.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from project.errors import UserError
+from project.parallel.environment import LaunchEnvironment, detect_environment, strip_legacy_local_rank
+from project.parallel.plan import Hardware, ParallelConfig, resolve_plan
+
+from helpers import CPU_DDP, DIGITS, FAST, REPO, cli_env, free_port, read_plan, run_cli, run_dirs
+
+# A few steps are enough to prove the processes found each other and trained together.
+SHORT = ["--config", FAST, "--trainer.max_steps", "4", "--trainer.limit_val_batches", "1", "--test_after_fit", "false"]
+FIT_DDP = ["fit", "--config", DIGITS, "--config", CPU_DDP, *SHORT]
+TORCHRUN = ("-m", "torch.distributed.run")
+# What Lightning must detect for each launcher (plan.json runtime.cluster_environment).
+LIGHTNING_SEES = {
+    "lightning": "LightningEnvironment",
+    "torchrun": "TorchElasticEnvironment",
+    "torch.distributed.launch": "TorchElasticEnvironment",
+    "slurm": "SLURMEnvironment",
+}
+
+
+def start_cli(args: list[str], cwd: Path, env: dict[str, str], module: tuple[str, ...]) -> subprocess.Popen[str]:
+    """Start ``python MODULE ARGS`` without waiting: one "node" of a job whose nodes all run on this machine."""
+    return subprocess.Popen(
+        [sys.executable, *module, *args],
+        cwd=cwd,
+        env=cli_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(processes: list[subprocess.Popen[str]], timeout: float = 240) -> list[str]:
+    """Wait for every process; fail with the output of any that did not exit 0."""
+    outputs = [p.communicate(timeout=timeout)[0] for p in processes]
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output
+    return outputs
+
+
+def assert_layout(cwd: Path, launcher: str, world_size: int, num_nodes: int = 1) -> dict:
+    """One run directory (only global rank 0 writes) whose plan.json has this layout, as Lightning also saw it."""
+    (run,) = run_dirs(cwd)
+    plan = read_plan(run)
+    assert (plan["launcher"], plan["world_size"], plan["num_nodes"]) == (launcher, world_size, num_nodes), plan
+    runtime = plan["runtime"]
+    assert (runtime["world_size"], runtime["num_nodes"]) == (world_size, num_nodes), runtime
+    assert runtime["cluster_environment"] == LIGHTNING_SEES[launcher], runtime
+    return plan
+
+
+# ------------------------------------------------------------------------------ pure, no processes
+def test_legacy_local_rank_is_accepted_anywhere_and_checked():
+    args = ["fit", "--local_rank", "1", "--config", "a.yaml", "--local-rank=1"]
+    assert strip_legacy_local_rank(args, {"LOCAL_RANK": "1"}) == (["fit", "--config", "a.yaml"], True)
+    assert strip_legacy_local_rank(["fit"], {}) == (["fit"], False)
+    with pytest.raises(UserError, match=r"--local_rank=0 disagrees with LOCAL_RANK=1"):
+        strip_legacy_local_rank(["--local-rank=0", "fit"], {"LOCAL_RANK": "1"})
+
+
+def _plan(environ: dict[str, str], **fields):
+    config = ParallelConfig(scenario="cpu", devices=2, **fields)
+    return resolve_plan(config, Hardware(0), detect_environment(environ), 64)
+
+
+def test_plan_shows_ranks_and_master_of_this_node():
+    node1 = _plan({"MASTER_ADDR": "node0", "MASTER_PORT": "29500", "NODE_RANK": "1"}, num_nodes=2)
+    assert node1.launch["ranks_on_this_node"] == [2, 3]
+    assert (node1.launch["master_addr"], node1.launch["master_port"]) == ("node0", 29500)
+    assert not [n for n in node1.notes if "NODE_RANK" in n]
+    local = _plan({})
+    assert local.launch["master_addr"] == "127.0.0.1" and local.launch["ranks_on_this_node"] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("environ", "fields", "words"),
+    [
+        ({}, {"num_nodes": 2}, ["num_nodes=2", "MASTER_ADDR, MASTER_PORT, NODE_RANK not set"]),
+        ({"MASTER_ADDR": "h", "MASTER_PORT": "1", "NODE_RANK": "2"}, {"num_nodes": 2}, ["NODE_RANK=2", "0..1"]),
+        ({"LOCAL_RANK": "0"}, {}, ["LOCAL_RANK=0", "unset LOCAL_RANK"]),
+    ],
+)
+def test_plan_warns_when_lightnings_launch_would_hang(environ, fields, words):
+    notes = " ".join(_plan(environ, **fields).notes)
+    assert all(word in notes for word in words), notes
+
+
+def test_plan_warns_when_torchrun_restarts_would_reuse_a_stale_store():
+    torchrun = {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    torchrun["TORCHELASTIC_MAX_RESTARTS"] = "1"
+    shared = " ".join(_plan({**torchrun, "TORCHELASTIC_USE_AGENT_STORE": "True"}).notes)
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in shared and "--standalone" in shared
+    assert not _plan({**torchrun, "TORCHELASTIC_USE_AGENT_STORE": "False"}).notes
+
+
+def test_slurm_mismatch_names_the_sbatch_option():
+    slurm = {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "1", "SLURM_JOB_NAME": "train"}
+    with pytest.raises(UserError, match=r"parallel.devices=2 disagrees with slurm, which started 4 \(--ntasks-per"):
+        _plan(slurm)
+    assert detect_environment(slurm) == LaunchEnvironment("slurm", True, 4, 4, 1)
+
+
+def test_sbatch_script_is_valid_bash_and_launches_with_srun():
+    script = REPO / "scripts" / "slurm" / "train.sbatch"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    assert "#SBATCH --ntasks-per-node=" in text and "#SBATCH --nodes=" in text
+    assert 'srun "${PYTHON}" -m project fit' in text and "--resume auto" in text
+
+
+# --------------------------------------------------------------------------- real processes
+def test_plan_under_torchrun_reports_a_mismatch_as_a_note(tmp_path):
+    env = {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+    env |= {"GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"}
+    result = run_cli(
+        ["plan", "--config", DIGITS, "--config", CPU_DDP, "--parallel.devices", "3", "--json"], tmp_path, env
+    )
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout.strip().splitlines()[-1])
+    assert plan["launcher"] == "torchrun" and plan["launch"]["master_addr"] == "127.0.0.1"
+    assert any("will not start under torchrun" in n and "devices=3" in n and "started 2" in n for n in plan["notes"])
+
+
+@pytest.mark.distributed
+def test_torchrun_takes_the_layout_from_the_launcher(tmp_path):
+    launcher = [*TORCHRUN, "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "project"]
+    result = run_cli(FIT_DDP, tmp_path, module=launcher)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_layout(tmp_path, "torchrun", 2)
+
+
+@pytest.mark.distributed
+def test_legacy_torch_distributed_launch_passes_local_rank_and_works(tmp_path):
+    launcher = ["-m", "torch.distributed.launch", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    result = run_cli(FIT_DDP, tmp_path, module=[*launcher, "-m", "project"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_layout(tmp_path, "torch.distributed.launch", 2)
+
+
+@pytest.mark.distributed
+def test_torchrun_with_a_config_that_disagrees_stops_naming_both(tmp_path):
+    launcher = [*TORCHRUN, "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "project"]
+    result = run_cli([*FIT_DDP, "--parallel.devices", "3"], tmp_path, module=launcher)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "error: parallel.devices=3 disagrees with torchrun, which started 2" in output, output
+    assert run_dirs(tmp_path) == []
+
+
+@pytest.mark.distributed
+def test_two_nodes_with_lightnings_launcher(tmp_path):
+    job = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    args = [
+        "fit",
+        "--config",
+        DIGITS,
+        "--config",
+        CPU_DDP,
+        *SHORT,
+        "--parallel.num_nodes",
+        "2",
+        "--parallel.devices",
+        "1",
+    ]
+    nodes = [start_cli(args, tmp_path, {**job, "NODE_RANK": str(n)}, ("-m", "project")) for n in (0, 1)]
+    finish(nodes)
+    plan = assert_layout(tmp_path, "lightning", 2, num_nodes=2)
+    assert plan["launch"]["node_rank"] == 0 and plan["launch"]["ranks_on_this_node"] == [0]
+
+
+@pytest.mark.distributed
+def test_two_nodes_of_two_processes_with_torchrun_rendezvous(tmp_path):
+    rendezvous = ["--nnodes", "2", "--nproc_per_node", "2", "--rdzv-backend", "c10d"]
+    rendezvous += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "two-by-two"]
+    agents = [start_cli(FIT_DDP, tmp_path, {}, (*TORCHRUN, *rendezvous, "-m", "project")) for _ in range(2)]
+    finish(agents)
+    plan = assert_layout(tmp_path, "torchrun", 4, num_nodes=2)
+    assert plan["devices"] == 2 and plan["global_batch_size"] == 4 * plan["per_device_batch_size"]
+
+
+@pytest.mark.distributed
+def test_slurm_variables_are_detected_by_lightning_and_the_plan(tmp_path):
+    job = {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1", "SLURM_NODEID": "0"}
+    job |= {"SLURM_JOB_NAME": "digits", "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "localhost"}
+    job |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    tasks = [
+        start_cli(FIT_DDP, tmp_path, {**job, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)}, ("-m", "project"))
+        for r in (0, 1)
+    ]
+    finish(tasks)
+    plan = assert_layout(tmp_path, "slurm", 2)
+    assert plan["launch"]["ranks_on_this_node"] == [0, 1]

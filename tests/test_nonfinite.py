@@ -1,0 +1,56 @@
+"""A non-finite training loss: stop naming the step with the last good checkpoint kept, or skip the step.
+
+Real 2-process runs over gloo where only rank 1's loss is nan (tests/faults.py ``NonFiniteLossAt``): the
+ranks must agree, or rank 0 would apply the nan gradients that the all-reduce brought it from rank 1.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import CPU_DDP, DIGITS, FAST, read_scalars, run_cli, run_dirs
+
+pytestmark = pytest.mark.distributed
+
+FIT = ["fit", "--config", DIGITS, "--config", CPU_DDP, "--config", FAST]
+NAN_ON_RANK_1 = ["--model.class_path", "faults.NonFiniteLossAt", "--model.init_args.nan_rank", "1"]
+
+
+def all_finite(state: dict[str, torch.Tensor]) -> bool:
+    """Whether every floating-point tensor of a state dict is finite."""
+    return all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    # Step 13 is mid-epoch 1 (9 steps per epoch), after the epoch-0 and step checkpoints.
+    result = run_cli([*FIT, *NAN_ON_RANK_1, "--model.init_args.nan_steps", "[13]"], tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "error: the training loss is not finite at step 13 (epoch 1) (rank 1: nan)" in result.stderr
+    (run,) = run_dirs(tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    assert f"the last good checkpoint is {last.relative_to(tmp_path)}" in result.stderr
+    checkpoint = torch.load(last, weights_only=True)
+    assert checkpoint["global_step"] < 13
+    assert all_finite(checkpoint["state_dict"])
+
+
+def test_nonfinite_loss_can_skip_the_step_on_every_rank(tmp_path):
+    # `action: skip` set the way a user does: in the config file.
+    config = tmp_path / "digits_skip.yaml"
+    config.write_text(Path(DIGITS).read_text().replace("action: stop", "action: skip"))
+    args = [*FIT[:2], str(config), *FIT[3:], *NAN_ON_RANK_1, "--model.init_args.nan_steps", "[3, 13]"]
+    result = run_cli(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for step, epoch in ((3, 0), (13, 1)):
+        assert f"skipped the update of step {step} (epoch {epoch})" in result.stderr
+    (run,) = run_dirs(tmp_path)
+    scalars = read_scalars(run)
+    assert scalars["train/skipped_steps"][-1][1] == 2
+    assert all(math.isfinite(value) for step, value in scalars["train/loss"] if step not in (3, 13))
+    assert all_finite(torch.load(run / "export" / "model.pt", weights_only=True))
+    assert scalars["test/acc"][-1][1] >= 0.8

@@ -1,0 +1,189 @@
+"""Never lose progress: checkpoints every N steps, atomic writes, auto-resume, exact resume, elastic restart.
+
+A run is killed with SIGKILL at a chosen step (a test-only callback, no sleeps), resumed with
+``--resume auto`` or ``--ckpt_path last``, and compared with the same run left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.errors import UserError
+from project.resume import RunName, find_resume_checkpoint, resolve_resume
+
+from helpers import CPU_DDP, DIGITS, FAST, read_scalars, run_cli, run_dirs
+
+# 19 steps per epoch on one process, 9 on two; last.ckpt every 10 steps and at every epoch end.
+SHORT = ["--config", FAST, "--trainer.max_epochs", "3", "--trainer.limit_val_batches", "2", "--test_after_fit", "false"]
+ONE = ["fit", "--config", DIGITS, *SHORT, "--trainer.max_steps", "40"]
+TWO = ["fit", "--config", DIGITS, "--config", CPU_DDP, *SHORT, "--trainer.max_steps", "25"]
+RUN = Path("logs/digits/version_0")
+
+
+def callback(class_path: str, **init_args) -> str:
+    """``--trainer.callbacks+=`` for a test-only callback (``tests/`` is on PYTHONPATH)."""
+    return "--trainer.callbacks+=" + json.dumps({"class_path": class_path, "init_args": init_args})
+
+
+def checkpoint(cwd: Path, name: str = "last.ckpt") -> dict:
+    return torch.load(cwd / RUN / "checkpoints" / name, weights_only=True)
+
+
+def assert_same_weights(got: dict, want: dict, atol: float = 0.0) -> None:
+    assert got["global_step"] == want["global_step"]
+    for key, value in want["state_dict"].items():
+        if atol == 0.0 or not value.is_floating_point():
+            assert torch.equal(got["state_dict"][key], value), key
+        else:
+            torch.testing.assert_close(got["state_dict"][key], value, atol=atol, rtol=0.0, msg=key)
+
+
+def train_loss(cwd: Path) -> dict[int, float]:
+    return dict(read_scalars(cwd / RUN)["train/loss"])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_one(tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("uninterrupted_one")
+    result = run_cli(ONE, cwd)
+    assert result.returncode == 0, result.stderr
+    return cwd
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_two(tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("uninterrupted_two")
+    result = run_cli(TWO, cwd)
+    assert result.returncode == 0, result.stderr
+    return cwd
+
+
+@pytest.fixture(scope="module")
+def killed_during_save(tmp_path_factory) -> Path:
+    """A one-process run SIGKILLed half-way through writing the checkpoint of step 30."""
+    cwd = tmp_path_factory.mktemp("killed_during_save")
+    result = run_cli([*ONE, callback("resume_faults.KillDuringSave", step=30)], cwd)
+    assert result.returncode == -9, result.stderr
+    return cwd
+
+
+# ------------------------------------------------------------------------ finding the checkpoint
+def _save(path: Path, payload: dict, mtime: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, path)
+    os.utime(path, ns=(mtime, mtime))
+
+
+def test_the_newest_good_checkpoint_wins_and_bad_ones_are_named(tmp_path, capsys):
+    full = {"state_dict": {"w": torch.ones(2)}, "loops": {}, "epoch": 1, "global_step": 20}
+    _save(tmp_path / "version_0/checkpoints/last.ckpt", full, 1_000)
+    _save(tmp_path / "version_1/checkpoints/last.ckpt", full, 2_000)
+    _save(tmp_path / "version_1/checkpoints/weights.ckpt", {"state_dict": full["state_dict"]}, 3_000)
+    truncated = tmp_path / "version_2/checkpoints/last.ckpt"
+    _save(truncated, full, 4_000)
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    os.utime(truncated, ns=(4_000, 4_000))
+    (tmp_path / "version_2/checkpoints/.last.ckpt.abc.tmp").write_bytes(b"half a write")
+
+    path, detail = find_resume_checkpoint(RunName(tmp_path))
+    assert path == tmp_path / "version_1/checkpoints/last.ckpt" and detail == "epoch 1, step 20"
+    warnings = capsys.readouterr().err
+    assert f"skipping checkpoint {truncated}" in warnings and "truncated or corrupt" in warnings
+    assert "weights.ckpt" in warnings and "weights only" in warnings
+    assert find_resume_checkpoint(RunName(tmp_path, "version_0"))[0] == tmp_path / "version_0/checkpoints/last.ckpt"
+    assert find_resume_checkpoint(RunName(tmp_path / "nothing")) is None
+
+
+def test_resume_and_an_explicit_checkpoint_are_one_choice():
+    from jsonargparse import Namespace
+
+    section = Namespace(resume="auto", ckpt_path="x.ckpt", trainer=Namespace(logger=None))
+    with pytest.raises(UserError, match=r"--resume auto and --ckpt_path x.ckpt both choose the checkpoint"):
+        resolve_resume(section, "fit")
+    section = Namespace(ckpt_path="last", trainer=Namespace(logger=False))
+    with pytest.raises(UserError, match=r"trainer.logger is false"):
+        resolve_resume(section, "test")
+
+
+# ------------------------------------------------------------------------------ exact resume
+def test_sigkill_mid_epoch_then_resume_auto_is_bit_exact_on_one_process(tmp_path, uninterrupted_one):
+    killed = run_cli([*ONE, callback("faults.KillAtStep", step=15, rank=0)], tmp_path)
+    assert killed.returncode == -9, killed.stderr
+    resumed = run_cli([*ONE, "--resume", "auto"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"Resuming from {RUN}/checkpoints/last.ckpt (epoch 0, step 10)" in resumed.stderr
+    # The same run folder, its curve continued: the steps logged before the kill and after the resume
+    # are the uninterrupted run's, with the same values.
+    assert run_dirs(tmp_path) == [tmp_path / RUN]
+    assert train_loss(tmp_path) == train_loss(uninterrupted_one)
+    assert_same_weights(checkpoint(tmp_path), checkpoint(uninterrupted_one))
+
+
+@pytest.mark.distributed
+def test_sigkill_of_a_rank_then_resume_on_two_processes_matches(tmp_path, uninterrupted_two):
+    killed = run_cli([*TWO, callback("faults.KillAtStep", step=15, rank=1)], tmp_path)
+    assert killed.returncode != 0
+    resumed = run_cli([*TWO, "--resume", "auto"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"Resuming from {RUN}/checkpoints/last.ckpt (epoch 1, step 10)" in resumed.stderr
+    assert_same_weights(checkpoint(tmp_path), checkpoint(uninterrupted_two), atol=1e-6)
+
+
+@pytest.mark.distributed
+def test_torchrun_restarts_a_dead_worker_and_the_job_resumes_itself(tmp_path, uninterrupted_two):
+    marker = tmp_path / "killed-once"
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--max-restarts", "1", "--nproc_per_node", "2"]
+    die_once = callback("resume_faults.KillOnceAtStep", step=15, marker=str(marker))
+    # A fresh rendezvous store per restart: on the agent's shared one, restarted workers can read the
+    # dead workers' addresses (pytorch#135712; `plan` says so).
+    fresh_store = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    result = run_cli([*TWO, "--resume", "auto", die_once], tmp_path, fresh_store, module=[*torchrun, "-m", "project"])
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert marker.exists()
+    assert "--resume auto: no checkpoint of this run name under logs/digits yet, starting a new run" in output
+    assert f"Resuming from {RUN}/checkpoints/last.ckpt (epoch 1, step 10)" in output
+    assert run_dirs(tmp_path) == [tmp_path / RUN]
+    assert_same_weights(checkpoint(tmp_path), checkpoint(uninterrupted_two), atol=1e-6)
+
+
+# ------------------------------------------------------------------------- kills and corruption
+def test_a_kill_during_a_save_leaves_the_previous_checkpoint_and_ckpt_path_last_resumes(
+    tmp_path, killed_during_save, uninterrupted_one
+):
+    shutil.copytree(killed_during_save / "logs", tmp_path / "logs")
+    folder = tmp_path / RUN / "checkpoints"
+    (partial,) = folder.glob(".last.ckpt.*.tmp")  # the interrupted write, never renamed onto last.ckpt
+    assert 0 < partial.stat().st_size < (folder / "last.ckpt").stat().st_size
+    assert checkpoint(tmp_path)["global_step"] == 20  # the previous good one, intact
+
+    resumed = run_cli([*ONE, "--ckpt_path", "last"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"Resuming from {RUN}/checkpoints/last.ckpt (epoch 1, step 20)" in resumed.stderr
+    assert not partial.exists()
+    assert_same_weights(checkpoint(tmp_path), checkpoint(uninterrupted_one))
+
+
+def test_a_corrupt_checkpoint_is_named_and_auto_resume_skips_it(tmp_path, killed_during_save):
+    shutil.copytree(killed_during_save / "logs", tmp_path / "logs")
+    last = tmp_path / RUN / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:5000])  # what a non-atomic writer leaves when killed
+    before = sorted(p.name for p in (tmp_path / RUN).rglob("*"))
+
+    explicit = run_cli([*ONE, "--ckpt_path", str(last)], tmp_path)
+    assert explicit.returncode == 2
+    assert "Traceback" not in explicit.stderr
+    assert f"'{last}' is truncated or corrupt" in explicit.stderr
+    assert run_dirs(tmp_path) == [tmp_path / RUN] and sorted(p.name for p in (tmp_path / RUN).rglob("*")) == before
+
+    resumed = run_cli([*ONE, "--resume", "auto"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"warning: skipping checkpoint {RUN}/checkpoints/last.ckpt" in resumed.stderr
+    assert f"Resuming from {RUN}/checkpoints/best-00-00019.ckpt (epoch 0, step 19)" in resumed.stderr
+    assert checkpoint(tmp_path)["global_step"] > 19
