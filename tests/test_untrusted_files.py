@@ -35,7 +35,7 @@ class RunsCodeWhenUnpickled:
 
 def checkpoint_with(extra: object) -> dict:
     """A Lightning checkpoint of the model configs/digits.yaml builds, carrying ``extra`` as well."""
-    net = DigitsNet(hidden=128, dropout=0.1, batch_norm=True)
+    net = DigitsNet(hidden=256, dropout=0.1, batch_norm=True)
     state = {f"net.{k}": v for k, v in net.state_dict().items()}
     return {"state_dict": state, "pytorch-lightning_version": "2.6.6", "extra": extra}
 

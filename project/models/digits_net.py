@@ -23,7 +23,7 @@ class DigitsNet(nn.Module):
     def __init__(
         self,
         in_features: int = 64,
-        hidden: int = 128,
+        hidden: int = 256,
         num_classes: int = 10,
         dropout: float = 0.1,
         batch_norm: bool = True,
