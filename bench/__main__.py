@@ -1,4 +1,4 @@
-"""``python -m bench [--quick]``: raw PyTorch vs plain Lightning vs the template, then the table and plot."""
+"""``python -m bench [--quick]``: raw PyTorch, Lightning's floor, plain Lightning and the template; table and plot."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.commands import REPO
 from bench.harness import gpu_available, machine, run_all
-from bench.report import markdown, plot, to_json
+from bench.report import from_json, markdown, plot, to_json
 from bench.workloads import rows
 
 RESULTS = REPO / "bench" / "results"
@@ -21,8 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="intra-op threads per process for every way (0: torch's default)"
     )
-    parser.add_argument("--out", type=Path, default=None, help="where results.md/.png/.json go")
-    parser.add_argument("--work", type=Path, default=None, help="scratch directory for data and run directories")
+    parser.add_argument(
+        "--ablate", action="store_true", help="also run the template without the callbacks that act on every step"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="where results.md and results.png go")
+    parser.add_argument("--work", type=Path, default=None, help="scratch directory: data, runs, results.json")
+    parser.add_argument("--render", type=Path, default=None, help="only write the table and plot of a results.json")
     args = parser.parse_args(argv)
     mode = "quick" if args.quick else "full"
     # Absolute: every run starts in its own directory.
@@ -31,20 +35,24 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     out.mkdir(parents=True, exist_ok=True)
 
-    has_gpu, gpu_note = gpu_available()
-    if not has_gpu:
-        gpu_note = f"skipped: {gpu_note}"
-    print(f"bench ({mode}): {repeats} repeat(s); GPU row: {gpu_note}", flush=True)
-    found = rows(args.quick, has_gpu)
-    results = run_all(found, repeats, work, args.threads, args.quick, log=lambda line: print(line, flush=True))
-    info = machine()
+    if args.render is not None:
+        results, info, gpu_note = from_json(args.render.read_text())
+    else:
+        has_gpu, gpu_note = gpu_available()
+        if not has_gpu:
+            gpu_note = f"skipped: {gpu_note}"
+        print(f"bench ({mode}): {repeats} repeat(s); GPU row: {gpu_note}", flush=True)
+        found = rows(args.quick, has_gpu, args.ablate)
+        results = run_all(found, repeats, work, args.threads, args.quick, log=lambda line: print(line, flush=True))
+        info = machine()
+        (work / "results.json").write_text(to_json(results, info, gpu_note) + "\n")
+        print(f"every run: {work / 'results.json'}")
     text = markdown(results, info, gpu_note, args.quick)
     (out / "results.md").write_text(text)
-    (out / "results.json").write_text(to_json(results, info, gpu_note) + "\n")
     plot(results, out / "results.png")
     print()
     print(text)
-    print(f"wrote {out / 'results.md'}, {out / 'results.png'}, {out / 'results.json'}")
+    print(f"wrote {out / 'results.md'}, {out / 'results.png'}")
     bad = [r.row.key for r in results["rows"] if not r.equal_work()[0]]
     if bad:
         print(f"error: the ways did not do equal work (or failed) in {bad}; see the table", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The command lines of the three ways to train (raw, plain Lightning, the template) and their inputs."""
+"""The command lines of the ways to train (raw, Lightning's floor, plain Lightning, the template) and their inputs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ from bench.workloads import Row, Workload
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("raw", "floor", "plain", "template")
-LABELS = {"raw": "raw PyTorch", "floor": "Lightning floor", "plain": "plain Lightning", "template": "template"}
+LABELS = {
+    "raw": "raw PyTorch",
+    "floor": "Lightning floor",
+    "plain": "plain Lightning",
+    "template": "template",
+    "lean": "template without per-step callbacks",
+}
+#: `--ablate`: the template's config without the callbacks that act on every step (by these traits).
+PER_STEP_CALLBACKS = ("every_n_train_steps", "NonFiniteLossCallback")
 
 
 def prepare_data(workload: Workload, directory: Path) -> Path:
@@ -37,6 +45,20 @@ def write_template_config(workload: Workload, directory: Path) -> Path:
     path = directory / f"{workload.name}.yaml"
     path.write_text(yaml.safe_dump(workload.template_config(), sort_keys=False))
     return path
+
+
+def write_lean_config(directory: Path) -> tuple[Path, list[str]]:
+    """``configs/digits.yaml``'s callbacks minus those that act on every step; the file and what it left out."""
+    callbacks = yaml.safe_load((REPO / "configs/digits.yaml").read_text())["trainer"]["callbacks"]
+
+    def per_step(callback: dict) -> bool:
+        init_args = callback.get("init_args") or {}
+        return callback["class_path"].endswith(PER_STEP_CALLBACKS) or bool(init_args.get("every_n_train_steps"))
+
+    dropped = [f"{c['class_path'].rsplit('.', 1)[-1]}{c.get('init_args') or ''}" for c in callbacks if per_step(c)]
+    path = directory / "lean.yaml"
+    path.write_text(yaml.safe_dump({"trainer": {"callbacks": [c for c in callbacks if not per_step(c)]}}))
+    return path, dropped
 
 
 def template_layout(row: Row) -> list[str]:
@@ -69,6 +91,9 @@ def command(variant: str, row: Row, data: Path, config: Path) -> list[str]:
         if row.device == "gpu":
             args += ["--accelerator", "gpu", "--precision", "bf16-mixed"]
         return args + workload.script_args()
+    if variant == "lean":
+        lean = ["--config", str(config.parent / "lean.yaml")]
+        return [*command("template", row, data, config)[:-1], *lean, "--trainer.callbacks+=bench.timing.StepTimer"]
     if variant == "template":
         return [
             python, "-m", "project", "fit",
@@ -98,7 +123,7 @@ def latency_commands(quick: bool = False) -> dict[str, dict[str, list[str]]]:
 def environment(row: Row | None, record: Path | None, warmup: int = 0, threads: int = 1) -> dict[str, str]:
     """The child's environment: repository importable, where to write the record, threads per process.
 
-    ``threads`` intra-op threads per process (0: torch's default), the same for all three ways. One is
+    ``threads`` intra-op threads per process (0: torch's default), the same for every way. One is
     what torchrun gives each DDP process; with two per process, a shared 2-core machine falls into
     OpenMP spin-waits that slow a run by up to 10x and swamp what is measured here.
     """

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from bench.commands import LABELS, VARIANTS
-from bench.harness import LatencyResult, RowResult
-from bench.workloads import STARTUP_SLACK_S, TARGETS
+from bench.harness import LatencyResult, RowResult, Run
+from bench.workloads import STARTUP_SLACK_S, TARGETS, Row, Workload
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -72,6 +71,27 @@ def scaling_table(rows: list[RowResult]) -> list[str]:
     return lines
 
 
+def ablation_table(rows: list[RowResult]) -> list[str]:
+    """``--ablate``: the template with and without the callbacks that act on every step."""
+    if not any(result.of("lean") for result in rows):
+        return []
+    lines = [
+        "## Ablation: the template without the callbacks that act on every step",
+        "",
+        "| workload, layout | template | without them | gain | without / raw | without / plain | without / floor |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for result in rows:
+        raw, floor, plain, tpl, lean = (
+            result.median(v, "steps_per_s") for v in ("raw", "floor", "plain", "template", "lean")
+        )
+        lines.append(
+            f"| {result.row.title} | {_num(tpl)} | {_num(lean)} | {_ratio(lean, tpl)} | {_ratio(lean, raw)} "
+            f"| {_ratio(lean, plain)} | {_ratio(lean, floor)} |"
+        )
+    return [*lines, ""]
+
+
 def startup_table(rows: list[RowResult], latency: list[LatencyResult]) -> list[str]:
     """Seconds from the command to the first optimizer step, and of commands that only start and exit."""
     shown = ("raw", "plain", "template")
@@ -110,7 +130,7 @@ def markdown(results: dict[str, Any], machine: dict[str, Any], gpu_note: str, qu
         f"- Software: Python {machine['python']}, torch {machine['torch']}, lightning {machine['lightning']}; "
         f"intra-op threads per process: {results['threads'] or 'torch default'} for every way "
         f"(`--threads`; torch's default here: {machine['torch_threads']})",
-        f"- Run: `{' '.join(['python -m bench', *results['argv'][1:]])}`, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
+        f"- Run: `{' '.join(['python -m bench', *results['argv'][1:]])}`, {results['date']}, "
         f"{results['repeats']} interleaved repeats, {results['elapsed_s'] / 60:.1f} min",
         f"- Load average (1/5/15 min) before: {load_a[0]:.2f}/{load_a[1]:.2f}/{load_a[2]:.2f}, "
         f"after: {load_b[0]:.2f}/{load_b[1]:.2f}/{load_b[2]:.2f} on {cores} cores "
@@ -118,7 +138,7 @@ def markdown(results: dict[str, Any], machine: dict[str, Any], gpu_note: str, qu
         "- Steps/s: median over repeats of (steps after warm-up) / (time from the end of the warm-up step to the "
         "end of the last step). Noise: (max - min) / median over the repeats, worst of the ways.",
         "- Ways: *raw* is `bench/raw.py` (the seed's loop; torchrun for DDP); *Lightning floor* is `bench/plain.py "
-        "--bare`, `Trainer(barebones=True)` without `self.log`: Lightning's loop alone, nothing on "
+        "--bare` (`Trainer(barebones=True)` without `self.log`: Lightning's loop alone; nothing on "
         "`Trainer.fit` can be faster); *plain Lightning* is `bench/plain.py`, Trainer defaults and one `self.log` "
         "per step; *template* is `python -m project fit --config configs/digits.yaml` (+ `configs/parallel/"
         "cpu_ddp.yaml` for 2 processes) with the workload's model, data, optimizer and steps layered on top.",
@@ -129,6 +149,7 @@ def markdown(results: dict[str, Any], machine: dict[str, Any], gpu_note: str, qu
         "",
         f"GPU row: {gpu_note}",
         "",
+        *ablation_table(rows),
         "## Scaling on CPU",
         "",
         *scaling_table(rows),
@@ -166,7 +187,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     left.set_xticks(range(len(rows)), [r.row.title.replace(", ", "\n", 1) for r in rows], fontsize=7)
     left.set_ylabel("steps/s relative to raw PyTorch (dashed: target)")
     left.set_title("Throughput (higher is better)")
-    left.legend(fontsize=8)
+    left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(VARIANTS))
 
     shown = ("raw", "plain", "template")
     labels, series = [], {v: [] for v in shown}
@@ -184,10 +205,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
     right.set_xticks(range(len(labels)), labels, fontsize=7)
     right.set_ylabel("seconds")
     right.set_title("Start-up (lower is better)")
-    right.legend(fontsize=8)
+    right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(shown))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+#: What ``run_all`` says about the run as a whole.
+RUN_KEYS = ("elapsed_s", "date", "load_before", "load_after", "repeats", "threads", "argv")
 
 
 def to_json(results: dict[str, Any], machine: dict[str, Any], gpu_note: str) -> str:
@@ -201,12 +226,27 @@ def to_json(results: dict[str, Any], machine: dict[str, Any], gpu_note: str) -> 
                 "title": result.row.title,
                 "workload": asdict(result.row.workload),
                 "processes": result.row.processes,
+                "device": result.row.device,
+                "variants": list(result.row.variants),
                 "equal_work": same,
                 "equal_work_detail": detail,
                 "runs": [asdict(run) for run in result.runs],
             }
         )
     latency = [{"name": item.name, "walls": item.walls} for item in results["latency"]]
-    keys = ("elapsed_s", "load_before", "load_after", "repeats", "threads", "argv")
-    data = {key: results[key] for key in keys}
+    data = {key: results[key] for key in RUN_KEYS}
     return json.dumps({**data, "machine": machine, "gpu": gpu_note, "rows": rows, "latency": latency}, indent=1)
+
+
+def from_json(text: str) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """``to_json``'s output back as (results, machine, GPU note), to render the table and plot again."""
+    data = json.loads(text)
+    rows = [
+        RowResult(
+            Row(Workload(**row["workload"]), row["processes"], row["device"], tuple(row["variants"])),
+            [Run(**run) for run in row["runs"]],
+        )
+        for row in data["rows"]
+    ]
+    latency = [LatencyResult(item["name"], item["walls"]) for item in data["latency"]]
+    return {**{key: data[key] for key in RUN_KEYS}, "rows": rows, "latency": latency}, data["machine"], data["gpu"]

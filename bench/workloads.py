@@ -139,8 +139,16 @@ QUICK_SMALL = replace(SMALL, steps=60, warmup=10)
 GPU = replace(MID, name="gpu", steps=600, warmup=100, max_processes=1)
 
 
-def rows(quick: bool, gpu: bool) -> list[Row]:
-    """The throughput rows of a run (``gpu``: whether one GPU is there to add the GPU row)."""
+def rows(quick: bool, gpu: bool, ablate: bool = False) -> list[Row]:
+    """The throughput rows of a run.
+
+    Args:
+        quick: The seconds-long code-path check.
+        gpu: One GPU is there: add the GPU row.
+        ablate: Also run the template without the callbacks that act on every step.
+    """
+    if ablate:
+        return [replace(row, variants=(*row.variants, "lean")) for row in rows(quick, gpu)]
     if quick:
         return [
             Row(QUICK_SMALL, 1, variants=("raw", "plain", "template")),

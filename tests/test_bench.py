@@ -1,4 +1,4 @@
-"""The benchmark harness cannot rot: its quick mode trains the three ways, and they end at the same loss."""
+"""The benchmark harness cannot rot: its quick mode trains raw, plain Lightning and the template to the same loss."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from helpers import REPO, cli_env
 
 sys.path.insert(0, str(REPO))  # `bench` is a folder of the repository, not an installed package
+from bench.commands import command, write_lean_config
 from bench.harness import RowResult, Run
 from bench.workloads import QUICK_SMALL, Row
 
@@ -26,7 +28,7 @@ def test_quick_bench_runs_raw_plain_and_template_to_the_same_loss(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    data = json.loads((tmp_path / "results.json").read_text())
+    data = json.loads((tmp_path / "work" / "results.json").read_text())
     rows = {row["key"]: row for row in data["rows"]}
     assert sorted(rows) == ["small-cpu-1", "small-cpu-2"]
     for row in rows.values():
@@ -61,3 +63,13 @@ def test_equal_work_check_tells_different_losses_and_failures_apart():
     failed = RowResult(Row(QUICK_SMALL, 1), [_run("raw", 0.5), Run("template", 0, 1.0, None, "exit 1: boom")])
     ok, detail = failed.equal_work()
     assert not ok and "boom" in detail
+
+
+def test_ablation_config_drops_only_the_callbacks_that_act_on_every_step(tmp_path):
+    path, dropped = write_lean_config(tmp_path)
+    kept = yaml.safe_load(path.read_text())["trainer"]["callbacks"]
+    everything = yaml.safe_load((REPO / "configs" / "digits.yaml").read_text())["trainer"]["callbacks"]
+    assert len(kept) + len(dropped) == len(everything) and dropped
+    assert not any((c.get("init_args") or {}).get("every_n_train_steps") for c in kept)
+    args = command("lean", Row(QUICK_SMALL, 1), tmp_path / "data.pt", tmp_path / "quick.yaml")
+    assert args[-3:] == ["--config", str(path), "--trainer.callbacks+=bench.timing.StepTimer"]

@@ -1,8 +1,10 @@
 """A non-finite training loss (nan, inf): stop with the step named, or skip that step's update.
 
 Every rank must take the same decision, or the ranks that go on wait forever in the next gradient
-all-reduce for the ones that stopped. So the loss each rank saw is gathered before the optimizer
-step (one scalar per rank per step) and all ranks act on the same verdict.
+all-reduce for the ones that stopped. The verdict is therefore read from the gradients after DDP's
+all-reduce, which are the same on every rank (a nan loss on one rank makes everyone's gradients nan),
+so agreeing costs no collective per step; only when a step is bad are the ranks' losses gathered, to
+name the rank(s) it came from.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ def _latest_checkpoint(trainer: L.Trainer) -> str | None:
         if p and Path(p).is_file()
     }
     return str(max(paths, key=lambda p: p.stat().st_mtime)) if paths else None
+
+
+def _all_finite(tensors: list[Tensor]) -> bool:
+    """Whether every element of ``tensors`` is finite (one fused norm, one host sync)."""
+    if not tensors:
+        return True
+    return bool(torch.isfinite(torch.nn.utils.get_total_norm(tensors, norm_type=2.0, foreach=True)))
 
 
 class NonFiniteLossCallback(L.Callback):
@@ -83,14 +92,19 @@ class NonFiniteLossCallback(L.Callback):
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        """Gather every rank's loss; if one is not finite, stop or drop the update on all ranks alike."""
+        """If the (all-reduced) gradients are not finite, stop or drop the update on all ranks alike."""
         if self._loss is None:
             return
-        losses = trainer.strategy.all_gather(self._loss).reshape(-1).cpu()
-        self._loss = None
+        loss, self._loss = self._loss, None
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        # Under DDP only the all-reduced gradients decide: a rank-local loss check could let ranks disagree.
+        local_loss_ok = trainer.world_size > 1 or bool(torch.isfinite(loss))
+        if local_loss_ok and _all_finite(grads):
+            return
+        losses = trainer.strategy.all_gather(loss).reshape(-1).cpu() if trainer.world_size > 1 else loss.reshape(1)
         bad = [rank for rank, value in enumerate(losses.tolist()) if not math.isfinite(value)]
         if not bad:
-            return
+            bad = list(range(trainer.world_size))  # finite losses, overflowing gradients: no single culprit
         where = f"step {trainer.global_step} (epoch {trainer.current_epoch})"
         ranks = ", ".join(f"rank {r}: {losses[r].item()}" for r in bad)
         if self.action == "stop":
