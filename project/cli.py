@@ -18,17 +18,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 import lightning as L
 import torch
 import torch.distributed as dist
-import yaml
 from jsonargparse import ActionYesNo, Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgressBar
@@ -40,7 +38,8 @@ from project.callbacks.progress import ProgressBar
 from project.callbacks.resume import ResumeCallback
 from project.callbacks.run_record import RunRecordCallback
 from project.checkpointing import with_atomic_checkpoint_io
-from project.errors import UserError, debug_enabled, exit_with, run_reporting_user_errors
+from project.config_errors import ProjectArgumentParser, check_config_files, root_cause
+from project.errors import UserError, run_reporting_user_errors
 from project.export import pickle_allowed, safe_load
 from project.parallel.environment import LEGACY_FLAG_ENV, detect_environment, strip_legacy_local_rank
 from project.parallel.failures import explain_rank_failure
@@ -59,58 +58,6 @@ def _as_dict(value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
         return dict(value)
     return dict(vars(value))
-
-
-class ProjectArgumentParser(LightningArgumentParser):
-    """LightningArgumentParser whose errors are one line and a tip, not a page of usage."""
-
-    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        """Report a bad command line or config in one line and exit with code 2."""
-        if not self.exit_on_error or debug_enabled():
-            super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        detail = _unknown_option(message) or " ".join(line.strip() for line in message.splitlines() if line.strip())
-        prog = parser.prog.replace(" [options]", "").replace("__main__.py", "python -m project")
-        exit_with(UserError(f"{detail[:600]} (see {prog} --help)"))
-
-
-def _unknown_option(message: str) -> str | None:
-    """The gist of jsonargparse's page-long report on a nested class: "unknown option 'gpus' in parallel"."""
-    option = re.search(r"Option '([^']+)' is not accepted", message)
-    if option is None:
-        return None
-    where = ".".join(re.findall(r'Parser key "([^"]+)"', message))
-    return f"unknown option '{option.group(1)}'" + (f" in {where}" if where else "")
-
-
-def _root_cause(error: BaseException) -> str:
-    """The user's own message inside jsonargparse's nested 'Does not validate against any of...' report."""
-    reasons = [line.strip()[2:] for line in str(error).splitlines() if line.strip().startswith("- ")]
-    reasons = [r for r in reasons if not r.startswith("Expected a <class 'NoneType'>")]
-    return reasons[0] if reasons else str(error).splitlines()[0]
-
-
-def check_config_files(args: list[str]) -> None:
-    """Refuse a missing or unparsable ``--config`` file with its name, before LightningCLI reads it."""
-    for i, arg in enumerate(args):
-        if arg in ("-c", "--config") and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith("--config="):
-            value = arg.split("=", 1)[1]
-        else:
-            continue
-        path = Path(value)
-        if value.lstrip().startswith("{") or (not path.suffix and not path.exists()):
-            continue  # an inline config, not a file
-        if not path.is_file():
-            raise UserError(f"config file '{value}' does not exist; check the path (it is read from {Path.cwd()})")
-        try:
-            yaml.safe_load(path.read_text())
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-            raise UserError(f"config file '{value}' is not valid YAML{where}: {problem}; fix the file") from error
 
 
 class NoProfiler(PassThroughProfiler):
@@ -257,7 +204,7 @@ class ProjectCLI(LightningCLI):
                 cause = cause.__cause__  # jsonargparse wraps what the classes raise in its own ValueError
             if cause is not None:
                 raise cause from None
-            raise UserError(f"could not build the model/data/trainer from the config: {_root_cause(error)}") from error
+            raise UserError(f"could not build the model/data/trainer from the config: {root_cause(error)}") from error
 
     @staticmethod
     def _lighter_defaults(trainer_config: Any, kwargs: dict[str, Any]) -> None:

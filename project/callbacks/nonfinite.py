@@ -96,11 +96,14 @@ class NonFiniteLossCallback(L.Callback):
         if self._loss is None:
             return
         loss, self._loss = self._loss, None
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        # Under DDP only the all-reduced gradients decide: a rank-local loss check could let ranks disagree.
-        local_loss_ok = trainer.world_size > 1 or bool(torch.isfinite(loss))
-        if local_loss_ok and _all_finite(grads):
-            return
+        if trainer.world_size == 1:
+            if bool(torch.isfinite(loss)):  # one process decides alone: the loss is enough
+                return
+        else:
+            # Under DDP the all-reduced gradients decide: a rank-local loss check could let ranks disagree.
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if _all_finite(grads):
+                return
         losses = trainer.strategy.all_gather(loss).reshape(-1).cpu() if trainer.world_size > 1 else loss.reshape(1)
         bad = [rank for rank, value in enumerate(losses.tolist()) if not math.isfinite(value)]
         if not bad:
