@@ -9,7 +9,7 @@ import torch
 
 from project.data.arrays import load_digits_tensors, seeded_split, split_sizes
 
-from helpers import DIGITS, FAST, assert_clean_error, read_plan, read_scalars, run_cli, run_dirs
+from helpers import CONFIGS, DIGITS, FAST, assert_clean_error, read_plan, read_scalars, run_cli, run_dirs
 
 
 def test_help_lists_the_subcommands(tmp_path):
@@ -104,3 +104,23 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, make_args, needles):
     assert result.returncode == 2, result.stdout + result.stderr
     assert_clean_error(result, *needles)
     assert not (tmp_path / "logs").exists()
+
+
+def plan_json(tmp_path, *args: str) -> dict:
+    result = run_cli(["plan", "--config", DIGITS, *args, "--assume_gpus", "8", "--json"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_plan_for_the_seed_scenarios_on_8_gpus(tmp_path):
+    parallel = CONFIGS / "parallel"
+    dp_all = plan_json(tmp_path, "--config", str(parallel / "dp_all.yaml"))
+    assert dp_all["world_size"] == 8 and dp_all["devices"] == list(range(8))
+    dp_012 = plan_json(tmp_path, "--config", str(parallel / "dp_012.yaml"))
+    assert dp_012["devices"] == [0, 1, 2] and dp_012["world_size"] == 3
+    assert dp_012["per_device_batch_size"] == dp_012["global_batch_size"] // 3
+    ddp = plan_json(tmp_path, "--config", str(parallel / "ddp.yaml"))
+    assert ddp["strategy"]["name"] == "ddp" and ddp["strategy"]["broadcast_buffers"] is False
+    dp_16 = ["--config", str(parallel / "dp_012.yaml"), "--parallel.global_batch_size", "16"]
+    bad = run_cli(["plan", "--config", DIGITS, *dp_16, "--assume_gpus", "8", "--json"], tmp_path)
+    assert_clean_error(bad, "16", "15 or 18")
