@@ -30,8 +30,8 @@ class Classifier(L.LightningModule):
 
     def __init__(self, net: nn.Module, num_classes: int = 10, weights: str | None = None) -> None:
         super().__init__()
-        # Under the CLI the hyperparameters are the parsed config (plain dicts, safe to checkpoint and
-        # needed to rebuild `net` from --ckpt_path). Built by hand, `net` is a live module: never pickle it.
+        # Under the CLI the hyperparameters are the parsed config (plain dicts: safe to checkpoint, and
+        # enough for load_from_checkpoint to rebuild `net`). Built by hand, `net` is a live module: never pickle it.
         self.save_hyperparameters(ignore=None if _given_hyperparameters.get() is not None else ["net"])
         self.net = net
         if weights is not None:
