@@ -8,26 +8,25 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import pickle
-import re
-import zipfile
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from project.atomic import atomic_torch_save, atomic_write_text
+from project.checkpoints.atomic import atomic_torch_save, atomic_write_text
+from project.checkpoints.diff import diff_state_dicts
+from project.checkpoints.loading import safe_load
 from project.errors import UserError
+from project.lightning_private import WRAPPER_ATTRIBUTE, WRAPPER_CLASS_NAMES
 
-#: Set to 1 to load a *trusted* file that needs arbitrary code (full pickle) to load.
-ALLOW_PICKLE_ENV = "PROJECT_ALLOW_PICKLE"
 EXPORT_WEIGHTS = "model.pt"
 EXPORT_SPEC = "model.json"
 # Attributes through which wrappers hold the module they wrap: DataParallel/DDP (`module`),
-# torch.compile (`_orig_mod`), Lightning's and Fabric's wrappers (`_forward_module`).
-_WRAPPER_ATTRS = ("module", "_orig_mod", "_forward_module")
+# torch.compile (`_orig_mod`), Lightning's and Fabric's wrappers (see project.lightning_private).
+_WRAPPER_ATTRS = ("module", "_orig_mod", WRAPPER_ATTRIBUTE)
 _WRAPPER_PREFIXES = tuple(f"{attr}." for attr in _WRAPPER_ATTRS)
 
 
@@ -35,12 +34,7 @@ def _is_wrapper(model: nn.Module) -> bool:
     if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
         return True
     # Matched by name so that this module never imports Lightning or torch._dynamo.
-    return type(model).__name__ in {
-        "OptimizedModule",
-        "_LightningModuleWrapperBase",
-        "_FabricModule",
-        "_LightningPrecisionModuleWrapperBase",
-    }
+    return type(model).__name__ == "OptimizedModule" or type(model).__name__ in WRAPPER_CLASS_NAMES
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -55,31 +49,6 @@ def unwrap(model: nn.Module) -> nn.Module:
             break
         model, seen = inner, seen + 1
     return model
-
-
-def pickle_allowed() -> bool:
-    """Whether the user vouched for the files they load (``PROJECT_ALLOW_PICKLE=1``): full pickle, any code."""
-    return os.environ.get(ALLOW_PICKLE_ENV, "") == "1"
-
-
-def safe_load(path: str | os.PathLike[str]) -> Any:
-    """``torch.load`` with ``weights_only=True``, turning every failure into a one-line :class:`UserError`."""
-    file = Path(path)
-    if not file.is_file():
-        raise UserError(f"file '{file}' does not exist; check the path (relative paths start at {Path.cwd()})")
-    try:
-        return torch.load(file, map_location="cpu", weights_only=not pickle_allowed())
-    except pickle.UnpicklingError as error:
-        # torch names the first class or function the file would import and run: "GLOBAL faults.Extra".
-        found = re.search(r"GLOBAL ([\w.]+)", str(error))
-        what = f"a pickled {found.group(1)}" if found else "pickled objects beyond tensors and plain containers"
-        raise UserError(
-            f"'{file}' holds {what}, which only arbitrary code can load (unpickling can run any code), so "
-            f"weights_only=True refuses it; if you trust the file, rerun with {ALLOW_PICKLE_ENV}=1"
-        ) from error
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise UserError(f"'{file}' is truncated or corrupt and cannot be loaded ({reason})") from error
 
 
 def _state_dict_of(obj: Any, path: Path) -> dict[str, torch.Tensor]:
@@ -132,41 +101,78 @@ def load_weights(net: nn.Module, path: str | os.PathLike[str]) -> None:
     """
     file = Path(path)
     state = match_state_dict(_state_dict_of(safe_load(file), file), net)
-    own = net.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    wrong_shape = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
-    if missing or unexpected or wrong_shape:
-        parts = [
-            f"missing keys {missing}" if missing else "",
-            f"unexpected keys {unexpected}" if unexpected else "",
-        ]
-        parts += [f"shape mismatch {[(k, tuple(state[k].shape), tuple(own[k].shape)) for k in wrong_shape]}"]
-        detail = "; ".join(p for p in parts if p and not p.endswith("[]"))
+    diff = diff_state_dicts(state, net.state_dict())
+    if diff:
         raise UserError(
-            f"weights '{file}' do not fit {type(net).__name__}: {detail}; "
+            f"weights '{file}' do not fit {type(net).__name__}: {diff.describe(limit=64)} (file vs network); "
             "point --model.init_args.weights at weights of the same network, or change the network's init_args"
         )
     net.load_state_dict(state)
 
 
-def network_spec(net: nn.Module) -> dict[str, Any]:
-    """``{"class_path", "init_args"}`` of a plain network that records its ``init_args``."""
+def class_path(obj: object) -> str:
+    """``module.QualName`` of ``obj``'s class, as a config's ``class_path`` names it."""
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def network_spec(net: nn.Module, configured: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``{"class_path", "init_args"}`` that rebuild ``net``: its own ``init_args``, else the config's.
+
+    Args:
+        net: The plain network.
+        configured: How the config built it (``{"class_path", "init_args"}``), if it did; used when
+            ``net`` does not record its constructor arguments (e.g. ``torch.nn.Linear``).
+
+    Raises:
+        UserError: neither says how to build ``net`` again.
+    """
     init_args = getattr(net, "init_args", None)
-    if not isinstance(init_args, dict):
+    if isinstance(init_args, dict):
+        return {"class_path": class_path(net), "init_args": dict(init_args)}
+    if configured is not None and configured.get("class_path") == class_path(net):
+        return {"class_path": class_path(net), "init_args": dict(configured.get("init_args") or {})}
+    raise UserError(
+        f"{class_path(net)} cannot be rebuilt from export/: it has no `init_args` dict and the config does not "
+        "build it by class_path; give the network in the config as class_path/init_args, store its constructor "
+        "arguments in self.init_args, or set export: false on UnwrapEvalCallback"
+    )
+
+
+def check_rebuildable(spec: Mapping[str, Any], net: nn.Module) -> None:
+    """Build ``spec`` on the meta device (no memory) and compare it with ``net``; a one-line error if it differs.
+
+    Raises:
+        UserError: the class does not import, does not take its init_args, or builds another network.
+    """
+    where = f"export of {spec['class_path']}"
+    try:
+        cls = _import_class(spec["class_path"])
+        with torch.device("meta"):
+            built = cls(**spec["init_args"])
+    except Exception as error:  # any failure of the user's constructor means: cannot be rebuilt
+        raise UserError(f"{where} could not be rebuilt from {dict(spec['init_args'])}: {error}") from error
+    diff = diff_state_dicts(built.state_dict(), net.state_dict())
+    if diff:
         raise UserError(
-            f"{type(net).__name__} has no `init_args` dict, so it cannot be rebuilt from export/; "
-            "store the constructor arguments in self.init_args (see project/models/digits_net.py)"
+            f"{where} would rebuild another network than the one trained ({diff.describe()}; rebuilt vs trained); "
+            "make its init_args describe the trained network"
         )
-    cls = type(net)
-    return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": dict(init_args)}
 
 
-def export_network(net: nn.Module, folder: str | os.PathLike[str]) -> Path:
-    """Write ``model.pt`` (bare state dict) and ``model.json`` (class path + init args) into ``folder``."""
+def _import_class(path: str) -> type:
+    module_name, _, class_name = path.rpartition(".")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def export_network(net: nn.Module, folder: str | os.PathLike[str], spec: Mapping[str, Any] | None = None) -> Path:
+    """Write ``model.pt`` (bare state dict) and ``model.json`` (class path + init args) into ``folder``.
+
+    ``spec`` defaults to :func:`network_spec` of the bare network.
+    """
     out = Path(folder)
     bare = unwrap(net)
-    spec = network_spec(bare)
+    spec = dict(spec) if spec is not None else network_spec(bare)
     state = {k: v.detach().cpu().clone() for k, v in bare.state_dict().items()}
     atomic_torch_save(state, out / EXPORT_WEIGHTS)
     atomic_write_text(out / EXPORT_SPEC, json.dumps(spec, indent=2) + "\n")
@@ -182,8 +188,6 @@ def rebuild(folder: str | os.PathLike[str]) -> nn.Module:
     if not spec_file.is_file():
         raise UserError(f"'{spec_file}' does not exist; export/ is written at the end of `fit`")
     spec = json.loads(spec_file.read_text())
-    module_name, _, class_name = spec["class_path"].rpartition(".")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    net = cls(**spec["init_args"])
+    net = _import_class(spec["class_path"])(**spec["init_args"])
     load_weights(net, Path(folder) / EXPORT_WEIGHTS)
     return net.eval()

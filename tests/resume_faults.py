@@ -15,7 +15,7 @@ from typing import IO, Any
 import lightning as L
 import torch
 
-from project.checkpointing import AtomicCheckpointIO
+from project.checkpoints.io import AtomicCheckpointIO
 
 from faults import KillAtStep
 

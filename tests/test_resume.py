@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from project.errors import UserError
-from project.resume import RunName, find_resume_checkpoint, resolve_resume
+from project.checkpoints.resume import RunName, choose_checkpoint, find_resume_checkpoint
 
 from helpers import CPU_DDP, DIGITS, FAST, read_scalars, run_cli, run_dirs
 
@@ -103,12 +103,10 @@ def test_the_newest_good_checkpoint_wins_and_bad_ones_are_named(tmp_path, capsys
 def test_resume_and_an_explicit_checkpoint_are_one_choice():
     from jsonargparse import Namespace
 
-    section = Namespace(resume="auto", ckpt_path="x.ckpt", trainer=Namespace(logger=None))
     with pytest.raises(UserError, match=r"--resume auto and --ckpt_path x.ckpt both choose the checkpoint"):
-        resolve_resume(section, "fit")
-    section = Namespace(ckpt_path="last", trainer=Namespace(logger=False))
+        choose_checkpoint("fit", "x.ckpt", "auto", Namespace(logger=None))
     with pytest.raises(UserError, match=r"trainer.logger is false"):
-        resolve_resume(section, "test")
+        choose_checkpoint("test", "last", None, Namespace(logger=False))
 
 
 # ------------------------------------------------------------------------------ exact resume

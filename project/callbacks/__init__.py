@@ -1,9 +1,47 @@
-"""Callbacks: the seed's barrier, its ``model.module`` unwrapping for evaluation and export, run records."""
+"""Callbacks: the seed's barrier, its ``model.module`` unwrapping for evaluation and export, and the run's records.
+
+Two kinds, each installed one way:
+
+- chosen in the config (``trainer.callbacks``): :class:`BarrierCallback`, :class:`UnwrapEvalCallback`,
+  :class:`NonFiniteLossCallback`, :class:`PredictionsWriter`, :class:`ProgressBar`;
+- the template's own, on every run, from :func:`template_callbacks`: the loader guarantees, ``plan.json``,
+  every rank's random state, the monitored-metric check.
+"""
+
+from __future__ import annotations
+
+from lightning import Callback
 
 from project.callbacks.barrier import BarrierCallback
+from project.callbacks.checks import MonitoredMetricsCheck
+from project.callbacks.loaders import LoaderGuaranteesCallback
+from project.callbacks.nonfinite import NonFiniteLossCallback
 from project.callbacks.predictions import PredictionsWriter
 from project.callbacks.progress import ProgressBar
+from project.callbacks.rng import RandomStateCallback
 from project.callbacks.run_record import RunRecordCallback
 from project.callbacks.unwrap import UnwrapEvalCallback
 
-__all__ = ["BarrierCallback", "PredictionsWriter", "ProgressBar", "RunRecordCallback", "UnwrapEvalCallback"]
+__all__ = [
+    "BarrierCallback",
+    "LoaderGuaranteesCallback",
+    "MonitoredMetricsCheck",
+    "NonFiniteLossCallback",
+    "PredictionsWriter",
+    "ProgressBar",
+    "RandomStateCallback",
+    "RunRecordCallback",
+    "UnwrapEvalCallback",
+    "template_callbacks",
+]
+
+
+def template_callbacks(loaders: LoaderGuaranteesCallback | None, ckpt_path: str | None) -> list[Callback]:
+    """The callbacks every run gets, in the order they must run (the loaders before the record of them).
+
+    Args:
+        loaders: The parallel layer's loader callback; ``None`` with ``parallel: null`` (plain Lightning).
+        ckpt_path: The checkpoint this process starts from, for the same-checkpoint-on-every-rank check.
+    """
+    own: list[Callback] = [loaders] if loaders is not None else []
+    return [*own, RunRecordCallback(loaders), RandomStateCallback(ckpt_path), MonitoredMetricsCheck()]

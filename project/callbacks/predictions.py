@@ -1,7 +1,15 @@
-"""Write what ``predict`` returns to ``<run>/predictions.csv``, in dataset order, once."""
+"""Write what ``predict`` returns to ``<run>/predictions.csv``, in dataset order, once per sample.
+
+Rows are ``index,prediction``: a class id or a number as it is; a vector per sample (probabilities, a
+regression of several targets) as one quoted JSON list, so every row stays two columns
+(``3,"[0.1, 0.7, 0.2]"``).
+"""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -9,14 +17,31 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
-from project.atomic import atomic_write_text
+from project.checkpoints.atomic import atomic_write_text
+from project.errors import UserError
+from project.parallel.sampling import EvalShardSampler
+
+
+def _cell(value: torch.Tensor) -> Any:
+    """One sample's prediction: a scalar as it is, anything larger as a JSON list."""
+    return value.item() if value.numel() == 1 else json.dumps(value.tolist())
+
+
+def prediction_rows(predictions: torch.Tensor) -> str:
+    """The CSV text, header included, for predictions in dataset order (first dimension: samples)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["index", "prediction"])
+    writer.writerows((i, _cell(p)) for i, p in enumerate(predictions))
+    return out.getvalue()
 
 
 class PredictionsWriter(L.Callback):
     """Collect each rank's predictions and let rank 0 write them as ``index,prediction`` rows.
 
-    The evaluation shards are contiguous and unpadded (project.parallel.sampling.EvalShardSampler),
-    so concatenating the ranks' outputs in rank order gives the dataset order, each sample once.
+    The parallel layer gives each rank one contiguous, unpadded shard
+    (:class:`~project.parallel.sampling.EvalShardSampler`), so the ranks' outputs in rank order are the
+    dataset order, each sample once. A multi-process ``predict`` over a loader without it is refused.
 
     Args:
         filename: Name of the CSV file inside the run directory.
@@ -27,6 +52,18 @@ class PredictionsWriter(L.Callback):
         self._outputs: list[torch.Tensor] = []
         #: Where the last predictions went (rank 0).
         self.path: Path | None = None
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Refuse, before predicting, several processes whose shards would not give the dataset order."""
+        if trainer.world_size == 1:
+            return
+        loaders = trainer.predict_dataloaders
+        loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+        if not all(isinstance(getattr(loader, "sampler", None), EvalShardSampler) for loader in loaders):
+            raise UserError(
+                f"predict on {trainer.world_size} processes: the predict loader's samples cannot be put in "
+                "dataset order (see plan.json guarantees.predict); run predict on one process"
+            )
 
     def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Start a fresh collection."""
@@ -41,7 +78,7 @@ class PredictionsWriter(L.Callback):
 
     def on_predict_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Gather every rank's predictions (uneven shards: gathered as objects) and write them on rank 0."""
-        local = torch.cat(self._outputs) if self._outputs else torch.empty(0, dtype=torch.long)
+        local = torch.cat(self._outputs) if self._outputs else torch.empty(0)
         shards = [local]
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             shards = [torch.empty(0)] * trainer.world_size
@@ -49,7 +86,5 @@ class PredictionsWriter(L.Callback):
         log_dir = trainer.log_dir  # every rank: it broadcasts
         if not trainer.is_global_zero or log_dir is None:
             return
-        predictions = torch.cat(shards).tolist()
-        rows = "".join(f"{i},{p}\n" for i, p in enumerate(predictions))
         self.path = Path(log_dir) / self.filename
-        atomic_write_text(self.path, "index,prediction\n" + rows)
+        atomic_write_text(self.path, prediction_rows(torch.cat([s for s in shards if s.numel()] or [local])))

@@ -1,4 +1,4 @@
-"""Write ``plan.json`` into the run directory and say where the run went."""
+"""Write ``plan.json`` into the run directory: the resolved plan, what the Trainer built, what guarantees hold."""
 
 from __future__ import annotations
 
@@ -7,39 +7,59 @@ from typing import Any
 
 import lightning as L
 
-from project.atomic import atomic_write_text
+from project.callbacks.loaders import LoaderGuaranteesCallback
+from project.checkpoints.atomic import atomic_write_text
 
 
 class RunRecordCallback(L.Callback):
-    """Record the resolved parallel plan (plus what the Trainer actually built) as ``plan.json``.
+    """Record the resolved parallel plan, the Trainer's runtime layout and the loaders' guarantees as ``plan.json``.
 
     Args:
-        plan: The resolved plan as a dict, or ``None`` when the ``parallel`` section is not used.
+        loaders: The callback that resolved the plan with the data batch size and installed the samplers.
+            ``None`` when the ``parallel`` section is not used (plain Lightning layout).
     """
 
-    def __init__(self, plan: dict[str, Any] | None = None) -> None:
-        self.plan = plan
-        self.run_dir: str | None = None
+    def __init__(self, loaders: LoaderGuaranteesCallback | None = None) -> None:
+        self.loaders = loaders
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Write plan.json once per run (rank 0); every rank learns the run directory."""
-        # trainer.log_dir broadcasts from rank 0: every rank must call it, never under a rank check.
-        log_dir = trainer.log_dir
-        if self.run_dir is not None or log_dir is None:
-            return
-        self.run_dir = log_dir
-        if trainer.is_global_zero and stage == "fit":
-            record = dict(self.plan) if self.plan else {"scenario": "lightning (no parallel section)"}
-            cluster = getattr(trainer.strategy, "cluster_environment", None)  # none on one device
-            record["runtime"] = {
-                "world_size": trainer.world_size,
-                "num_nodes": trainer.num_nodes,
-                "num_devices": trainer.num_devices,
-                "strategy": type(trainer.strategy).__name__,
-                "accelerator": type(trainer.accelerator).__name__,
-                # Lightning's own launcher detection (Lightning-, TorchElastic- or SLURMEnvironment).
-                "cluster_environment": type(cluster).__name__ if cluster is not None else None,
-            }
-            if not self.plan:
-                record["world_size"] = trainer.world_size
-            atomic_write_text(f"{log_dir}/plan.json", json.dumps(record, indent=2, default=str) + "\n")
+        """Write plan.json (rank 0); again at the next stage of the same run (fit, then test)."""
+        log_dir = trainer.log_dir  # broadcasts from rank 0: every rank calls it, never under a rank check
+        if log_dir is not None and trainer.is_global_zero:
+            self.write(trainer, log_dir)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Rewrite it with the validation loaders' guarantees, which exist once the sanity check built them."""
+        self.setup(trainer, pl_module, "fit")
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """``validate``: its loaders exist now (during fit, on_train_start covers validation)."""
+        if trainer.state.fn == "validate":
+            self.setup(trainer, pl_module, "validate")
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """With the test loaders' guarantees."""
+        self.setup(trainer, pl_module, "test")
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """With the predict loaders' guarantees."""
+        self.setup(trainer, pl_module, "predict")
+
+    def write(self, trainer: L.Trainer, log_dir: str) -> None:
+        """The record, written atomically."""
+        plan = self.loaders.plan if self.loaders is not None else None
+        record: dict[str, Any] = plan.to_dict() if plan is not None else {"scenario": "lightning (no parallel section)"}
+        cluster = getattr(trainer.strategy, "cluster_environment", None)  # none on one device
+        record["runtime"] = {
+            "world_size": trainer.world_size,
+            "num_nodes": trainer.num_nodes,
+            "num_devices": trainer.num_devices,
+            "strategy": type(trainer.strategy).__name__,
+            "accelerator": type(trainer.accelerator).__name__,
+            # Lightning's own launcher detection (Lightning-, TorchElastic- or SLURMEnvironment).
+            "cluster_environment": type(cluster).__name__ if cluster is not None else None,
+        }
+        if plan is None:
+            record["world_size"] = trainer.world_size
+        record["guarantees"] = dict(self.loaders.guarantees) if self.loaders is not None else {}
+        atomic_write_text(f"{log_dir}/plan.json", json.dumps(record, indent=2, default=str) + "\n")

@@ -2,21 +2,26 @@
 
 During ``fit`` Lightning routes validation through the DDP wrapper. This callback evaluates the bare
 module instead, with every rank holding rank 0's buffers (so each rank evaluates exactly the model
-that is checkpointed and exported), over unpadded shards (see ``project.parallel.sampling``). At the
+that is checkpointed and exported), over unpadded shards (see ``project.parallel.loaders``). At the
 end of ``fit``, rank 0 alone exports the plain network of the best checkpoint (or of the final
-weights when there is none) to ``<run>/export/``.
+weights when there is none) to ``<run>/export/``. Whether that export can be rebuilt is checked at
+``setup``, before training.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
-from project.export import export_network, match_state_dict, safe_load, unwrap
+from project.checkpoints.loading import load_lightning_checkpoint
+from project.errors import UserError
+from project.export import check_rebuildable, export_network, match_state_dict, network_spec, unwrap
 
 
 def broadcast_buffers_from_rank0(trainer: L.Trainer, module: nn.Module) -> None:
@@ -27,6 +32,38 @@ def broadcast_buffers_from_rank0(trainer: L.Trainer, module: nn.Module) -> None:
         buffer.copy_(trainer.strategy.broadcast(buffer, src=0))
 
 
+def find_network(module: nn.Module, attribute: str | None) -> tuple[str, nn.Module]:
+    """The network a LightningModule trains: ``attribute``, else ``net``, else its one child with parameters.
+
+    Raises:
+        UserError: the attribute does not hold a module, or the choice is not clear.
+    """
+    children = dict(module.named_children())
+    if attribute is not None:
+        net = getattr(module, attribute, None)
+        if isinstance(net, nn.Module):
+            return attribute, net
+        raise UserError(
+            f"UnwrapEvalCallback(net_attribute={attribute!r}): {type(module).__name__} has no network at "
+            f".{attribute} (its modules: {', '.join(children) or 'none'}); set net_attribute to one of them"
+        )
+    if isinstance(children.get("net"), nn.Module):
+        return "net", children["net"]
+    with_parameters = [name for name, child in children.items() if any(True for _ in child.parameters())]
+    if len(with_parameters) == 1:
+        return with_parameters[0], children[with_parameters[0]]
+    raise UserError(
+        f"UnwrapEvalCallback cannot tell which of {type(module).__name__}'s modules is the network to export "
+        f"({', '.join(with_parameters) or 'none has parameters'}); set its net_attribute"
+    )
+
+
+def _configured(pl_module: L.LightningModule, attribute: str) -> Mapping[str, Any] | None:
+    """How the config built the network: the module's hyperparameter of that name, under LightningCLI."""
+    value = pl_module.hparams.get(attribute)
+    return value if isinstance(value, Mapping) and "class_path" in value else None
+
+
 class UnwrapEvalCallback(L.Callback):
     """Evaluate the unwrapped module during fit and export it at the end.
 
@@ -34,16 +71,27 @@ class UnwrapEvalCallback(L.Callback):
         export: Write ``export/model.pt`` and ``export/model.json`` into the run directory at fit end.
         export_best: Export the best checkpoint's weights (the ones ``test`` after fit evaluates)
             instead of the final ones, when a monitored checkpoint exists.
-        net_attribute: Attribute of the LightningModule that holds the plain network.
+        net_attribute: Attribute of the LightningModule that holds the plain network; ``None``: ``net``,
+            or the module's only child with parameters.
     """
 
-    def __init__(self, export: bool = True, export_best: bool = True, net_attribute: str = "net") -> None:
+    def __init__(self, export: bool = True, export_best: bool = True, net_attribute: str | None = None) -> None:
         self.export = export
         self.export_best = export_best
         self.net_attribute = net_attribute
         self._wrapper: nn.Module | None = None
+        self._spec: dict[str, Any] | None = None
         #: Path of the last export (rank 0), for the CLI's closing message.
         self.export_dir: Path | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Before training: find the network and check that its export can be rebuilt."""
+        if not self.export or stage != "fit" or self._spec is not None:
+            return
+        attribute, net = find_network(unwrap(pl_module), self.net_attribute)
+        self.net_attribute = attribute
+        self._spec = network_spec(net, _configured(pl_module, attribute))
+        check_rebuildable(self._spec, net)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Swap the DDP wrapper for the bare module while validating (``model = model.module``)."""
@@ -61,22 +109,17 @@ class UnwrapEvalCallback(L.Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Rank 0 exports the plain network; the others wait for nothing (no collective here)."""
-        if not self.export:
+        if not self.export or self._spec is None:
             return
         log_dir = trainer.log_dir  # collective on every rank before the rank check
         if not trainer.is_global_zero or log_dir is None or trainer.fast_dev_run:
             return
-        net = getattr(unwrap(pl_module), self.net_attribute, None)
-        if not isinstance(net, nn.Module):
-            raise AttributeError(
-                f"{type(pl_module).__name__} has no network at `.{self.net_attribute}`; "
-                "set UnwrapEvalCallback(net_attribute=...) to the attribute that holds it"
-            )
+        _, net = find_network(unwrap(pl_module), self.net_attribute)
         best = self._best_path(trainer)
         if best is not None:
             # A copy, so the in-memory model (and what `test` after fit sees) is untouched.
             net = _copy_with_weights(net, best)
-        self.export_dir = export_network(net, Path(log_dir) / "export")
+        self.export_dir = export_network(net, Path(log_dir) / "export", self._spec)
 
     def _best_path(self, trainer: L.Trainer) -> str | None:
         checkpoint = trainer.checkpoint_callback
@@ -87,6 +130,6 @@ class UnwrapEvalCallback(L.Callback):
 
 def _copy_with_weights(net: nn.Module, checkpoint_path: str) -> nn.Module:
     clone = copy.deepcopy(net).cpu()
-    state = safe_load(checkpoint_path)["state_dict"]
+    state = load_lightning_checkpoint(checkpoint_path)["state_dict"]
     clone.load_state_dict(match_state_dict(state, clone))
     return clone

@@ -1,16 +1,16 @@
-"""Shared loader logic: world-size-invariant training batches and exactly-once evaluation shards."""
+"""The loader settings the project's own tensor datamodules share, and a fast way to batch a TensorDataset.
+
+These are ordinary LightningDataModules with ordinary DataLoaders: world-size-invariant batches and
+exactly-once evaluation come from the parallel layer (``project.parallel.loaders``), which works on any
+datamodule's loaders, not from this base class.
+"""
 
 from __future__ import annotations
-
-import warnings
-from typing import Any
 
 import lightning as L
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
-
-from project.parallel.sampling import EvalShardSampler, GlobalBatchSampler
 
 
 class TensorBatches(Dataset):
@@ -40,16 +40,17 @@ def collated(batch: list[Tensor]) -> list[Tensor]:
     return batch
 
 
-class ShardedDataModule(L.LightningDataModule):
-    """Base datamodule: subclasses build ``self.train_set``/``val_set``/``test_set`` in ``setup``.
+class TensorDataModule(L.LightningDataModule):
+    """Base of the project's datamodules: subclasses build ``self.train_set``/``val_set``/``test_set`` in ``setup``.
 
     Args:
-        batch_size: Per-device batch size (the ``parallel`` section may set it from a global batch).
+        batch_size: The training loader's batch size: per device (ddp, cpu), global under dp; the
+            ``parallel`` section's ``global_batch_size`` overrides it.
         num_workers: DataLoader worker processes (0 loads in the training process).
         pin_memory: Pin host memory for faster GPU copies; ``None`` means "when CUDA is available".
         persistent_workers: Keep workers alive between epochs (only with ``num_workers > 0``).
         shuffle: Reshuffle the training set every epoch.
-        seed: Seed of the data split and of the shuffling; the same on every rank.
+        seed: Seed of the data split and of the shuffling (the loaders' generator); the same on every rank.
     """
 
     def __init__(
@@ -75,79 +76,36 @@ class ShardedDataModule(L.LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
-        self._train_sampler: GlobalBatchSampler | None = None
-        self._resume_point: tuple[int, int] | None = None
 
-    def _world(self) -> tuple[int, int]:
-        """(world size, global rank) of the attached trainer; (1, 0) outside a Trainer."""
-        trainer = self.trainer
-        if trainer is None:
-            return 1, 0
-        return trainer.world_size, trainer.global_rank
-
-    def _loader(self, dataset: Dataset | None, sampler: Any, name: str) -> DataLoader:
+    def _loader(self, dataset: Dataset | None, name: str, shuffle: bool = False) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not build the {name} set")
         batched = type(dataset) is TensorDataset  # a subclass may change what one sample is
         return DataLoader(
             TensorBatches(dataset) if batched else dataset,
             batch_size=self.batch_size,
-            sampler=sampler,
+            shuffle=shuffle,
             collate_fn=collated if batched else None,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers,
-            # Its own generator: starting an iterator draws a worker seed, and from the global generator
-            # that draw would shift dropout & co. differently in a resumed run than in an uninterrupted one.
+            # Its own generator: the shuffling seed, and worker seeds drawn from it rather than from the
+            # global generator, whose draws would shift dropout & co. in a resumed run.
             generator=torch.Generator().manual_seed(self.seed),
         )
 
     def train_dataloader(self) -> DataLoader:
-        """Per-rank slices of world-size-invariant global batches."""
-        world, rank = self._world()
-        assert self.train_set is not None, "setup('fit') builds the training set"
-        sampler = GlobalBatchSampler(
-            self.train_set,
-            self.batch_size,
-            num_replicas=world,
-            rank=rank,
-            shuffle=self.shuffle,
-            seed=self.seed,
-        )
-        sampler.resume_point, self._resume_point = self._resume_point, None
-        self._train_sampler = sampler
-        return self._loader(self.train_set, sampler, "training")
-
-    def _eval_loader(self, dataset: Dataset | None, name: str) -> DataLoader:
-        world, rank = self._world()
-        sampler = EvalShardSampler(dataset, num_replicas=world, rank=rank) if dataset is not None else None
-        return self._loader(dataset, sampler, name)
+        """The training set, shuffled by ``seed``."""
+        return self._loader(self.train_set, "training", shuffle=self.shuffle)
 
     def val_dataloader(self) -> DataLoader:
-        """The validation set, one unpadded shard per rank."""
-        return self._eval_loader(self.val_set, "validation")
+        """The validation set, in order."""
+        return self._loader(self.val_set, "validation")
 
     def test_dataloader(self) -> DataLoader:
-        """The test set, one unpadded shard per rank."""
-        return self._eval_loader(self.test_set, "test")
+        """The test set, in order."""
+        return self._loader(self.test_set, "test")
 
     def predict_dataloader(self) -> DataLoader:
         """Predictions run over the test set."""
-        return self._eval_loader(self.test_set, "predict")
-
-    def state_dict(self) -> dict[str, Any]:
-        """Record how far into the epoch training got, so a mid-epoch resume skips what was seen."""
-        trainer = self.trainer
-        if trainer is None or self._train_sampler is None:
-            return {}
-        # `processed`, not `completed`: a checkpoint saved in on_train_batch_end (every N steps) is written
-        # before Lightning counts that batch as completed, though its optimizer step is already done.
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        return {"epoch": trainer.current_epoch, "batches_done": int(done)}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume mid-epoch: the next training loader starts after the batches already trained on."""
-        if "epoch" in state_dict:
-            self._resume_point = (int(state_dict["epoch"]), int(state_dict["batches_done"]))
-            # Lightning warns that a plain DataLoader cannot resume mid-epoch; this datamodule does it itself.
-            warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+        return self._loader(self.test_set, "predict")

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from project.data.arrays import load_digits_tensors, seeded_split, split_sizes
-from project.data.base import ShardedDataModule
+from project.data.base import TensorDataModule
 
 
-class DigitsDataModule(ShardedDataModule):
+class DigitsDataModule(TensorDataModule):
     """The digits set with a seeded, deterministic train/val/test split.
 
     Args:
         val_fraction: Share of the 1,797 samples held out for validation.
         test_fraction: Share held out for the test.
-        **kwargs: Loader settings of :class:`project.data.base.ShardedDataModule`
+        **loader: Loader settings of :class:`project.data.base.TensorDataModule`
             (``batch_size``, ``num_workers``, ``pin_memory``, ``persistent_workers``, ``shuffle``, ``seed``).
     """
 
@@ -20,14 +22,9 @@ class DigitsDataModule(ShardedDataModule):
         self,
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        pin_memory: bool | None = None,
-        persistent_workers: bool = False,
-        shuffle: bool = True,
-        seed: int = 0,
+        **loader: Any,
     ) -> None:
-        super().__init__(batch_size, num_workers, pin_memory, persistent_workers, shuffle, seed)
+        super().__init__(**loader)
         self.save_hyperparameters()
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction

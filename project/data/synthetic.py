@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from project.data.arrays import seeded_split, split_sizes
-from project.data.base import ShardedDataModule
+from project.data.base import TensorDataModule
 
 
 def make_blobs(num_samples: int, in_features: int, num_classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -17,7 +19,7 @@ def make_blobs(num_samples: int, in_features: int, num_classes: int, seed: int) 
     return x, y
 
 
-class SyntheticDataModule(ShardedDataModule):
+class SyntheticDataModule(TensorDataModule):
     """Synthetic Gaussian-cluster classification data.
 
     Args:
@@ -26,7 +28,7 @@ class SyntheticDataModule(ShardedDataModule):
         num_classes: Number of clusters/labels.
         val_fraction: Share held out for validation.
         test_fraction: Share held out for the test.
-        **kwargs: Loader settings of :class:`project.data.base.ShardedDataModule`.
+        **loader: Loader settings of :class:`project.data.base.TensorDataModule`.
     """
 
     def __init__(
@@ -36,14 +38,9 @@ class SyntheticDataModule(ShardedDataModule):
         num_classes: int = 10,
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
-        batch_size: int = 64,
-        num_workers: int = 0,
-        pin_memory: bool | None = None,
-        persistent_workers: bool = False,
-        shuffle: bool = True,
-        seed: int = 0,
+        **loader: Any,
     ) -> None:
-        super().__init__(batch_size, num_workers, pin_memory, persistent_workers, shuffle, seed)
+        super().__init__(**loader)
         self.save_hyperparameters()
         if num_samples < 1 or in_features < 1 or num_classes < 2:
             raise ValueError(

@@ -6,12 +6,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.export import load_weights
+from project.models.hparams import save_config_hyperparameters
 
 Batch = tuple[Tensor, Tensor]
 
@@ -30,10 +30,10 @@ class Classifier(L.LightningModule):
 
     def __init__(self, net: nn.Module, num_classes: int = 10, weights: str | None = None) -> None:
         super().__init__()
-        # Under the CLI the hyperparameters are the parsed config (plain dicts: safe to checkpoint, and
-        # enough for load_from_checkpoint to rebuild `net`). Built by hand, `net` is a live module: never pickle it.
-        self.save_hyperparameters(ignore=None if _given_hyperparameters.get() is not None else ["net"])
+        save_config_hyperparameters(self, "net")
         self.net = net
+        #: Where the starting weights came from (``None``: the network's initialisation); `test` reads it.
+        self.weights_from = weights
         if weights is not None:
             load_weights(self.net, weights)
         self.loss_fn = nn.CrossEntropyLoss()

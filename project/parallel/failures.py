@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from project.errors import RunFailure, UserError
+from project.lightning_private import launched_processes
 
 if TYPE_CHECKING:
     import lightning as L
@@ -50,9 +51,9 @@ def _gist(error: BaseException) -> str:
     return line.split(". ")[0][:160]
 
 
-def _failed_children(launcher: Any, wait_s: float) -> list[tuple[int, subprocess.Popen]]:
+def _failed_children(strategy: Any, wait_s: float) -> list[tuple[int, subprocess.Popen]]:
     """(local rank, process) of the ranks this process started that ended with an error."""
-    procs = list(getattr(launcher, "procs", None) or [])
+    procs = launched_processes(strategy)
     deadline = time.monotonic() + wait_s
     while True:
         failed = [(i + 1, p) for i, p in enumerate(procs) if p.poll() not in (None, 0)]
@@ -75,9 +76,8 @@ def explain_rank_failure(
     text = str(error).lower()
     lost, timed_out = any(s in text for s in _LOST_PEER), any(s in text for s in _TIMED_OUT)
     rank = trainer.global_rank
-    launcher = getattr(trainer.strategy, "launcher", None)
     # A child that broke the connection is dead, or about to be reaped; a stuck one never exits.
-    failed = _failed_children(launcher, _REAP_WAIT_S if lost else 0.0)
+    failed = _failed_children(trainer.strategy, _REAP_WAIT_S if lost else 0.0)
     resume = "then resume with `fit --ckpt_path last`"
     if failed:
         first = trainer.node_rank * trainer.num_devices

@@ -1,4 +1,4 @@
-"""What an exact resume needs beyond Lightning's checkpoint: every rank's random state, and one checkpoint for all.
+"""Every rank's random state in each checkpoint, and one checkpoint for all ranks: for an exact resume.
 
 Lightning saves weights, optimizer, schedulers, loop progress and callback states, but not the
 random number generators: after a resume, dropout (or anything random in ``training_step``) would
@@ -61,10 +61,10 @@ def _gather(value: Any, trainer: L.Trainer) -> list[Any]:
     return gathered
 
 
-class ResumeCallback(L.Callback):
+class RandomStateCallback(L.Callback):
     """Save and restore every rank's random state; check that all ranks resume from the same checkpoint.
 
-    The CLI adds it to every run.
+    The CLI adds it to every run (:func:`project.callbacks.template_callbacks`).
 
     Args:
         ckpt_path: The checkpoint this process was told to start from (``None``: a new run).

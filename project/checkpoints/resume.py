@@ -1,4 +1,4 @@
-"""``fit --resume auto`` and ``--ckpt_path last``: find the newest good checkpoint of this run name.
+"""Which checkpoint a command starts from: ``--ckpt_path FILE|last|none``, ``fit --resume auto``; each loaded once.
 
 A run name is the logger's ``save_dir``/``name`` (``logs/digits``); its runs are the version folders
 under it and their checkpoints live in ``<version>/checkpoints/``. The newest checkpoint file (by
@@ -12,7 +12,9 @@ nothing to resume, ``fit`` starts a new run, which is what a job that restarts i
 first start.
 
 Every process resolves this by itself from the same files, before any of them trains, so all
-ranks pick the same checkpoint; :class:`project.callbacks.resume.ResumeCallback` checks that they did.
+ranks pick the same checkpoint; :class:`project.callbacks.rng.RandomStateCallback` checks that they did.
+The chosen file is loaded here once and handed to Lightning through
+:meth:`project.checkpoints.io.AtomicCheckpointIO.preload`, so it is never read twice.
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ from typing import Any
 from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+from project.checkpoints.loading import load_lightning_checkpoint, safe_load
 from project.errors import UserError
-from project.export import safe_load
 
 #: ``--resume`` values: ``auto`` continues the newest good checkpoint of the run name, or starts fresh.
 RESUME_AUTO = "auto"
+#: ``--ckpt_path none``: evaluate the weights the config builds, on purpose.
+NO_CHECKPOINT = "none"
+#: Values of ``--ckpt_path`` that Lightning resolves itself.
+LIGHTNING_CKPT_PATHS = ("best", "hpc", "registry")
 # Lightning's default logger when ``trainer.logger`` is true/unset.
 _DEFAULT_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
 _DEFAULT_LOGGER_NAME = "lightning_logs"
@@ -90,24 +96,42 @@ def run_name(trainer: Namespace) -> RunName:
     return RunName(Path(root) / name, version)
 
 
-def _is_resumable(path: Path) -> tuple[bool, str]:
-    """Whether ``path`` loads safely and holds a full training state; the reason when it does not."""
+@dataclass(frozen=True)
+class Chosen:
+    """A checkpoint file and its contents, loaded once (``checkpoint`` is ``None`` for Lightning's own names)."""
+
+    path: str
+    checkpoint: dict[str, Any] | None = None
+
+    def describe(self) -> str:
+        """``epoch E, step S`` of a training checkpoint."""
+        data = self.checkpoint or {}
+        return f"epoch {data.get('epoch')}, step {data.get('global_step')}"
+
+
+def _load_resumable(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """The checkpoint at ``path`` if it loads safely and holds a full training state; else the reason."""
     try:
         checkpoint = safe_load(path)
     except UserError as error:
-        return False, str(error)
+        return None, str(error)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "loops" not in checkpoint:
-        return False, f"'{path}' holds no training state (weights only), so training cannot continue from it"
-    return True, f"epoch {checkpoint.get('epoch')}, step {checkpoint.get('global_step')}"
+        return None, f"'{path}' holds no training state (weights only), so training cannot continue from it"
+    return checkpoint, ""
 
 
 def find_resume_checkpoint(name: RunName) -> tuple[Path, str] | None:
     """The newest good checkpoint of ``name`` and a short description of it; ``None`` when there is none."""
+    found = _find_newest_good(name)
+    return (Path(found.path), found.describe()) if found is not None else None
+
+
+def _find_newest_good(name: RunName) -> Chosen | None:
     for path in name.checkpoint_files():
-        good, detail = _is_resumable(path)
-        if good:
-            return path, detail
-        _say(f"warning: skipping checkpoint {path}: {detail}")
+        checkpoint, reason = _load_resumable(path)
+        if checkpoint is not None:
+            return Chosen(str(path), checkpoint)
+        _say(f"warning: skipping checkpoint {path}: {reason}")
     return None
 
 
@@ -132,45 +156,43 @@ def _remove_partial_writes(checkpoints: Path) -> None:
             partial.unlink(missing_ok=True)
 
 
-def resolve_resume(section: Namespace, subcommand: str) -> Path | None:
-    """Replace ``--resume auto`` / ``--ckpt_path last`` in a parsed subcommand ``section`` by a checkpoint file.
+def choose_checkpoint(command: str, ckpt_path: str | None, resume: str | None, trainer: Namespace) -> Chosen | None:
+    """The checkpoint ``command`` starts from, loaded once; ``None`` for none.
 
-    ``fit`` also continues in that checkpoint's run folder; with nothing to resume it starts a new run.
-    ``validate``/``test``/``predict`` take the newest good checkpoint, or fail when there is none.
-
-    Returns:
-        The checkpoint chosen, or ``None`` (nothing asked, or ``fit`` starting fresh).
+    ``--resume auto`` / ``--ckpt_path last`` take the newest good checkpoint of the run name; ``fit`` also
+    continues in its run folder (the ``trainer`` section's logger is pointed at it) and, with nothing to
+    resume, starts a new run. ``--ckpt_path none`` means no checkpoint, on purpose.
 
     Raises:
-        UserError: both options given, no logger, or nothing to evaluate.
+        UserError: both options given, no logger, nothing to evaluate, or a file that does not load.
     """
-    resume = section.get("resume")
-    ckpt_path = section.get("ckpt_path")
     if resume is not None and ckpt_path is not None:
         raise UserError(
             f"--resume {resume} and --ckpt_path {ckpt_path} both choose the checkpoint; give only one "
             "(--resume auto finds the newest good one of this run name)"
         )
-    if resume != RESUME_AUTO and ckpt_path != "last":
+    if ckpt_path == NO_CHECKPOINT or (ckpt_path is None and resume is None):
         return None
+    if ckpt_path in LIGHTNING_CKPT_PATHS:
+        return Chosen(ckpt_path)
+    if resume != RESUME_AUTO and ckpt_path != "last":
+        return Chosen(str(ckpt_path), load_lightning_checkpoint(str(ckpt_path)))
     asked = f"--resume {resume}" if resume is not None else "--ckpt_path last"
-    name = run_name(section.trainer)
-    found = find_resume_checkpoint(name)
+    name = run_name(trainer)
+    found = _find_newest_good(name)
     if found is None:
-        if subcommand != "fit":
+        if command != "fit":
             raise UserError(
                 f"{asked}: no usable checkpoint under {name.root}; train first (fit) or give --ckpt_path PATH"
             )
         _say(f"{asked}: no checkpoint of this run name under {name.root} yet, starting a new run")
-        section.ckpt_path = None
         return None
-    path, detail = found
-    section.ckpt_path = str(path)
-    if subcommand == "fit":
+    if command == "fit":
+        path = Path(found.path)
         run = path.parent.parent
-        _continue_in(section.trainer, run.name)
+        _continue_in(trainer, run.name)
         _remove_partial_writes(path.parent)
         # Lightning warns about a non-empty checkpoint folder; continuing in it is the point here.
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-        _say(f"Resuming from {path} ({detail}); the run continues in {run}")
-    return path
+        _say(f"Resuming from {path} ({found.describe()}); the run continues in {run}")
+    return found

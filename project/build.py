@@ -1,0 +1,217 @@
+"""From the command line to live objects: LightningCLI, on its public API, plus the ``parallel`` section.
+
+:class:`ProjectCLI` parses one command's options (``run=False``: :mod:`project.cli` runs the command),
+then, before anything is built, chooses the checkpoint (which may point the logger at the run being
+resumed) and resolves the layout; it builds the model, the datamodule and a Trainer whose layout, checkpoint
+IO and template callbacks come from that resolution. ``plan`` builds the model and datamodule only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from functools import partial
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from jsonargparse import ActionYesNo, Namespace
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.profilers import PassThroughProfiler
+
+from project.callbacks import LoaderGuaranteesCallback, ProgressBar, template_callbacks
+from project.checkpoints.io import with_atomic_checkpoint_io
+from project.checkpoints.resume import Chosen, choose_checkpoint
+from project.config_errors import ProjectArgumentParser, root_cause
+from project.errors import UserError
+from project.parallel.config import Hardware, ParallelConfig
+from project.parallel.environment import detect_environment
+from project.parallel.plan import Plan, resolve_plan
+
+# Trainer settings that the plan decides when `parallel` is given.
+PLAN_OWNED_TRAINER_KEYS = ("accelerator", "devices", "strategy", "num_nodes", "sync_batchnorm")
+# Options that say how to run this command, not what to train: never saved into the run's config.yaml.
+RUN_OPTIONS = ("ckpt_path", "resume", "test_after_fit", "assume_gpus", "json")
+# LightningCLI warns when it is given args while sys.argv has some; main() passes what it parsed on purpose.
+warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
+
+
+class NoProfiler(PassThroughProfiler):
+    """Lightning's "no profiler" without the generator context manager it opens around every hook call.
+
+    The Trainer enters ``profiler.profile(...)`` around each callback and module hook, dozens of times a
+    step; a shared ``nullcontext`` makes that nearly free when no profiler was asked for.
+    """
+
+    _NOTHING = contextlib.nullcontext()
+
+    def profile(self, action_name: str) -> contextlib.nullcontext:  # type: ignore[override]
+        """A context that does nothing."""
+        return self._NOTHING
+
+
+class SaveUserConfig(SaveConfigCallback):
+    """``config.yaml`` as the user configured the run: without the options that only say how to run it.
+
+    So ``test --config <run>/config.yaml`` (or ``validate``, ``predict``) takes a run's own config file.
+    """
+
+    def __init__(self, parser: LightningArgumentParser, config: Namespace, **kwargs: Any) -> None:
+        config = config.clone()
+        for key in RUN_OPTIONS:
+            if key in config:
+                del config[key]
+        super().__init__(parser, config, **kwargs)
+
+
+def lighter_defaults(trainer_config: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Lightning's defaults without their per-step cost, unless the config chose otherwise.
+
+    A profiler that is really off, and a progress bar that redraws a few times a second instead of
+    after every batch. ``barebones`` runs have neither.
+    """
+
+    def setting(key: str) -> Any:
+        return kwargs.get(key, trainer_config.get(key))
+
+    if setting("barebones"):
+        return kwargs
+    if setting("profiler") is None:
+        kwargs["profiler"] = NoProfiler()
+    callbacks = kwargs["callbacks"]
+    if setting("enable_progress_bar") is not False and not any(isinstance(c, LightningProgressBar) for c in callbacks):
+        kwargs["callbacks"] = [*callbacks, ProgressBar()]
+    return kwargs
+
+
+def _listed(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+class ProjectCLI(LightningCLI):
+    """LightningCLI for one command (``fit``, ``validate``, ``test``, ``predict``, ``plan``) of ``python -m project``.
+
+    Args:
+        command: The command; its options are added to the parser.
+        args: The command line after the command.
+    """
+
+    def __init__(self, command: str, args: list[str]) -> None:
+        self.command = command
+        self.plan: Plan | None = None
+        self.plan_inputs: tuple[ParallelConfig, Hardware] | None = None
+        self.chosen: Chosen | None = None
+        self.loaders: LoaderGuaranteesCallback | None = None
+        super().__init__(
+            model_class=L.LightningModule,
+            datamodule_class=L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_callback=SaveUserConfig,
+            # Each run gets a fresh version directory (or continues its own): an existing config.yaml is expected.
+            save_config_kwargs={"overwrite": True},
+            parser_class=ProjectArgumentParser,
+            parser_kwargs={"prog": f"python -m project {command}"},
+            args=args,
+            run=False,
+        )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """The ``parallel`` section, and this command's run options."""
+        parser.add_argument(
+            "--parallel",
+            type=ParallelConfig | None,
+            default=None,
+            help="The seed's DP/DDP scenarios as one section; see configs/parallel/ and `plan`. "
+            "null leaves the layout to the trainer settings (plain Lightning).",
+        )
+        if self.command == "plan":
+            parser.add_argument("--assume_gpus", type=int | None, default=None, help="Plan for a machine with N GPUs.")
+            parser.add_argument("--json", action=ActionYesNo, default=False, help="Print one JSON object.")
+            return
+        parser.add_argument(
+            "--ckpt_path",
+            type=str | None,
+            default=None,
+            help="Checkpoint to start from: a file, `last` (the newest good one of this run name) or `none` "
+            "(validate/test/predict the weights the config builds, on purpose).",
+        )
+        if self.command == "fit":
+            parser.add_argument(
+                "--resume",
+                type=Literal["auto"] | None,
+                default=None,
+                help="auto: continue from the newest good checkpoint of this run name, in its run folder "
+                "(a new run when there is none). `--ckpt_path last` does the same.",
+            )
+            parser.add_argument(
+                "--test_after_fit",
+                type=bool,
+                default=True,
+                help="After fit, test the best checkpoint (the last weights when there is none).",
+            )
+
+    def before_instantiate_classes(self) -> None:
+        """Choose the checkpoint and resolve the layout, before anything is built."""
+        config = self.config
+        if self.command != "plan":
+            self.chosen = choose_checkpoint(self.command, config.ckpt_path, config.get("resume"), config.trainer)
+        parallel = config.get("parallel")
+        if parallel is None and self.command != "plan":
+            return
+        self._refuse_trainer_overlap(parallel)
+        settings = ParallelConfig(**parallel.as_dict()) if parallel is not None else ParallelConfig()
+        assumed = config.get("assume_gpus")
+        if assumed is not None and assumed < 0:
+            raise UserError(f"--assume_gpus={assumed} must be >= 0")
+        hardware = Hardware(torch.cuda.device_count()) if assumed is None else Hardware(assumed, assumed=True)
+        self.plan_inputs = (settings, hardware)
+        if self.command != "plan":  # `plan` resolves with the data batch size, and says why a launch would fail
+            self.plan = resolve_plan(settings, hardware, detect_environment(), None)
+            resolve = partial(resolve_plan, settings, hardware, detect_environment())
+            seed = config.get("seed_everything")
+            self.loaders = LoaderGuaranteesCallback(resolve, seed if isinstance(seed, int) else 0)
+
+    def _refuse_trainer_overlap(self, parallel: Any) -> None:
+        if parallel is None:
+            return
+        defaults = self.parser.get_defaults().trainer
+        for key in PLAN_OWNED_TRAINER_KEYS:
+            value = self.config.trainer.get(key)
+            if value != defaults.get(key):
+                raise UserError(
+                    f"trainer.{key}={value!r} and the parallel section both set the layout; "
+                    f"drop trainer.{key} (the parallel section decides it), or set `parallel: null` "
+                    "to use plain Lightning trainer settings"
+                )
+
+    def instantiate_classes(self) -> None:
+        """Build model, data and trainer (`plan`: model and data only); a bad init argument is one line."""
+        try:
+            if self.command == "plan":
+                self.config_init = self.parser.instantiate_classes(self.config)
+                self.datamodule, self.model = self.config_init.get("data"), self.config_init.get("model")
+                return
+            super().instantiate_classes()
+        except (ValueError, TypeError, MisconfigurationException) as error:
+            # Raised by the user's classes for bad init args (e.g. dropout=2): a config mistake.
+            cause: BaseException | None = error
+            while cause is not None and not isinstance(cause, UserError):
+                cause = cause.__cause__  # jsonargparse wraps what the classes raise in its own ValueError
+            if cause is not None:
+                raise cause from None
+            raise UserError(f"could not build the model/data/trainer from the config: {root_cause(error)}") from error
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        """The Trainer, with the plan's layout, atomic checkpoint IO and the template's callbacks."""
+        trainer_config = self.config_init["trainer"]
+        if self.plan is not None:
+            kwargs = {**self.plan.trainer_kwargs(), **kwargs}
+        kwargs["plugins"] = with_atomic_checkpoint_io(trainer_config.get("plugins"))
+        chosen = self.chosen.path if self.chosen is not None else None
+        kwargs["callbacks"] = [*_listed(trainer_config.get("callbacks")), *template_callbacks(self.loaders, chosen)]
+        return super().instantiate_trainer(**lighter_defaults(trainer_config, kwargs))

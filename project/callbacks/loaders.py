@@ -1,0 +1,148 @@
+"""Installs the parallel layer's samplers on whatever loaders the datamodule (or the module) returns.
+
+Lightning asks the datamodule for its loaders through its ``*_dataloader`` hooks, and every user's
+datamodule passes through there. This callback wraps those hooks on the instance (Lightning has no public
+hook that transforms the loaders a datamodule returns) so that each loader comes back with the layer's
+sampler (:mod:`project.parallel.loaders`). At ``setup`` it builds the training loader once, resolves the
+plan with that loader's batch size and refuses, in one line, what cannot work (a global batch that does
+not divide, a dataset smaller than one global batch) before anything is trained or written.
+
+It also records how far into the epoch training got, so that a mid-epoch resume skips exactly the global
+batches already trained on, for any datamodule.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from project.errors import UserError
+from project.parallel.loaders import Guarantee, install_eval_sampler, install_training_sampler
+from project.parallel.plan import Plan
+from project.parallel.sampling import GlobalBatchSampler
+
+EVAL_HOOKS = {"val_dataloader": "validation", "test_dataloader": "test", "predict_dataloader": "predict"}
+_STAGE_HOOKS = {"fit": ("train_dataloader", "val_dataloader"), "validate": ("val_dataloader",)}
+_STAGE_HOOKS |= {"test": ("test_dataloader",), "predict": ("predict_dataloader",)}
+
+
+def _each(loaders: Any, fn: Callable[[Any], Any]) -> Any:
+    """Apply ``fn`` to one loader or to each of a list/tuple/dict of loaders (several val sets)."""
+    if isinstance(loaders, dict):
+        return {key: fn(value) for key, value in loaders.items()}
+    if isinstance(loaders, (list, tuple)):
+        return type(loaders)(fn(value) for value in loaders)
+    return fn(loaders)
+
+
+class LoaderGuaranteesCallback(L.Callback):
+    """World-size-invariant training batches and exactly-once, ordered evaluation for any datamodule.
+
+    Args:
+        resolve_plan: The plan for a given data batch size (the training loader's ``batch_size``).
+        run_seed: Seed of the training permutation when the loader has no generator of its own.
+    """
+
+    def __init__(self, resolve_plan: Callable[[int | None], Plan], run_seed: int = 0) -> None:
+        self.resolve_plan = resolve_plan
+        self.run_seed = run_seed
+        #: The plan with the data batch size applied (after ``setup('fit')``).
+        self.plan: Plan | None = None
+        #: stage -> what holds for its loaders, for plan.json.
+        self.guarantees: dict[str, dict[str, Any]] = {}
+        self._wrapped: set[int] = set()
+        self._built_train: Any = None
+        self._sampler: GlobalBatchSampler | None = None
+        self._resume_point: tuple[int, int] | None = None
+        self._position = (0, 0)  # (epoch, batches trained in it)
+        self._said: set[str] = set()
+
+    # ---------------------------------------------------------------- wiring
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Wrap the loader hooks once; for fit, build the training loader now and resolve the plan with it."""
+        source = trainer.datamodule if trainer.datamodule is not None else pl_module
+        if id(source) not in self._wrapped:
+            self._wrapped.add(id(source))
+            for hook in ("train_dataloader", *EVAL_HOOKS):
+                if is_overridden(hook, source):
+                    setattr(source, hook, self._wrap(hook, getattr(source, hook), trainer))
+        if stage == "fit" and is_overridden("train_dataloader", source):
+            loader = source.train_dataloader()
+            # A loader the layer left alone is built again by Lightning, which records its arguments then.
+            self._built_train = loader if self.guarantees["training"]["held"] else None
+        elif self.plan is None:
+            self.plan = self.resolve_plan(None)
+
+    def _wrap(self, hook: str, original: Callable[[], Any], trainer: L.Trainer) -> Callable[[], Any]:
+        def train_dataloader() -> Any:
+            if self._built_train is not None:  # built at setup: hand Lightning that one
+                loader, self._built_train = self._built_train, None
+                return loader
+            return self._training(original(), trainer)
+
+        def eval_dataloader() -> Any:
+            stage = EVAL_HOOKS[hook]
+            return _each(original(), lambda loader: self._evaluation(loader, trainer, stage))
+
+        return train_dataloader if hook == "train_dataloader" else eval_dataloader
+
+    def _training(self, loader: Any, trainer: L.Trainer) -> Any:
+        self.plan = self.resolve_plan(getattr(loader, "batch_size", None))
+        per_device = self.plan.per_device_batch_size
+        if per_device is None:
+            self._record("training", Guarantee(False, "the training loader has no batch_size"), trainer)
+            return loader
+        try:
+            loader, guarantee = install_training_sampler(
+                loader, per_device, trainer.world_size, trainer.global_rank, self.run_seed
+            )
+        except ValueError as error:
+            raise UserError(f"data: {error}") from None
+        if guarantee.held:
+            self._sampler = loader.sampler
+            self._sampler.resume_point = self._resume_point
+            # Lightning warns that a plain DataLoader cannot resume mid-epoch; this sampler does it itself.
+            warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+        self._record("training", guarantee, trainer)
+        return loader
+
+    def _evaluation(self, loader: Any, trainer: L.Trainer, stage: str) -> Any:
+        loader, guarantee = install_eval_sampler(loader, trainer.world_size, trainer.global_rank, stage)
+        self._record(stage, guarantee, trainer)
+        return loader
+
+    def _record(self, stage: str, guarantee: Guarantee, trainer: L.Trainer) -> None:
+        self.guarantees[stage] = guarantee.to_dict()
+        # One line per stage, once, and only where the layout makes it matter.
+        if not guarantee.held and trainer.world_size > 1 and stage not in self._said and trainer.is_global_zero:
+            self._said.add(stage)
+            sys.stderr.write(f"warning: {guarantee.detail}\n")
+
+    # ------------------------------------------------------- resume position
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A new epoch: nothing of it trained yet."""
+        self._position = (trainer.current_epoch, 0)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Count the batch (``batch_idx`` goes on from the resume point in a resumed epoch)."""
+        self._position = (trainer.current_epoch, batch_idx + 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        """How far into the epoch training got, so a mid-epoch resume skips what was seen."""
+        epoch, done = self._position
+        return {"epoch": epoch, "batches_done": done}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume mid-epoch: the next training loader starts after the batches already trained on."""
+        if "epoch" in state_dict:
+            self._resume_point = (int(state_dict["epoch"]), int(state_dict["batches_done"]))
+            self._position = self._resume_point
+            if self._sampler is not None:  # built at setup, before Lightning restored this state
+                self._sampler.resume_point = self._resume_point

@@ -1,0 +1,68 @@
+"""Checkpoint writes that a kill cannot truncate, and reads that happen once: Lightning's CheckpointIO.
+
+Lightning's own ``TorchCheckpointIO`` serialises into memory and then writes the target file in place, so a
+process killed during that write leaves a truncated ``last.ckpt`` behind: exactly the file a restart wants.
+:class:`AtomicCheckpointIO` writes a hidden temporary file next to the target and renames it over the target,
+so the target is always either the previous or the new checkpoint.
+
+It also hands Lightning a checkpoint the CLI has already loaded (and checked) instead of reading the file
+again: see :meth:`AtomicCheckpointIO.preload`. The CLI installs it for every run (:func:`with_atomic_checkpoint_io`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
+
+from project.checkpoints.atomic import atomic_write
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose saves go to a temporary file that is renamed onto the target."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._preloaded: tuple[Path, dict[str, Any]] | None = None
+
+    def preload(self, path: str | os.PathLike[str], checkpoint: dict[str, Any]) -> None:
+        """Remember ``checkpoint``, already loaded from ``path``: the next load of that path returns it."""
+        self._preloaded = (Path(path).resolve(), checkpoint)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        """The preloaded checkpoint of ``path`` (once), else Lightning's own read."""
+        if self._preloaded is not None and "://" not in str(path) and Path(path).resolve() == self._preloaded[0]:
+            checkpoint, self._preloaded = self._preloaded[1], None
+            return checkpoint
+        if map_location is None:
+            return super().load_checkpoint(path, weights_only=weights_only)
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        """Write ``checkpoint`` to ``path`` atomically; remote (``scheme://``) paths keep Lightning's writer."""
+        if "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options (got {storage_options!r})")
+        atomic_write(path, lambda handle: self.write(checkpoint, handle))
+
+    def write(self, checkpoint: dict[str, Any], handle: IO[bytes]) -> None:
+        """Serialise ``checkpoint`` into the open temporary file."""
+        torch.save(checkpoint, handle)
+
+
+def with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
+    """The Trainer's ``plugins`` plus an :class:`AtomicCheckpointIO`, unless one CheckpointIO is already given."""
+    if plugins is None:
+        listed: list[Any] = []
+    elif isinstance(plugins, (list, tuple)):
+        listed = list(plugins)
+    else:
+        listed = [plugins]
+    if any(isinstance(plugin, CheckpointIO) for plugin in listed):
+        return listed  # the user chose how checkpoints are written (e.g. a cloud store)
+    return [*listed, AtomicCheckpointIO()]

@@ -1,0 +1,77 @@
+"""Loading files from outside: ``weights_only=True`` unless the user vouches for them, every failure one line.
+
+Nothing here imports Lightning, so a plain Python process that rebuilds an exported network can use it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from project.errors import UserError
+
+#: Set to 1 to load a *trusted* file that needs arbitrary code (full pickle) to load.
+ALLOW_PICKLE_ENV = "PROJECT_ALLOW_PICKLE"
+# What torch.save writes: a zip archive (the default since torch 1.6) or a bare pickle (protocol 2+).
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def pickle_allowed() -> bool:
+    """Whether the user vouched for the files they load (``PROJECT_ALLOW_PICKLE=1``): full pickle, any code."""
+    return os.environ.get(ALLOW_PICKLE_ENV, "") == "1"
+
+
+def _check_is_torch_file(file: Path) -> None:
+    if file.is_dir():
+        raise UserError(f"'{file}' is a folder, not a file; give a file inside it (e.g. {file}/checkpoints/last.ckpt)")
+    if not file.is_file():
+        raise UserError(f"file '{file}' does not exist; check the path (relative paths start at {Path.cwd()})")
+    with open(file, "rb") as handle:
+        head = handle.read(4)
+    if not head.startswith(_TORCH_MAGIC):
+        shown = head.decode("utf-8", "replace").strip() or repr(head)
+        raise UserError(
+            f"'{file}' is not a file written by torch.save (it starts with {shown!r}); give a checkpoint (.ckpt) "
+            "or a state dict (.pt)"
+        )
+
+
+def safe_load(path: str | os.PathLike[str]) -> Any:
+    """``torch.load`` with ``weights_only=True``, turning every failure into a one-line :class:`UserError`."""
+    file = Path(path)
+    _check_is_torch_file(file)
+    trusted = pickle_allowed()
+    try:
+        return torch.load(file, map_location="cpu", weights_only=not trusted)
+    except pickle.UnpicklingError as error:
+        if trusted:
+            raise UserError(f"'{file}' cannot be unpickled even as a trusted file ({_first_line(error)})") from error
+        # torch names the first class or function the file would import and run: "GLOBAL faults.Extra".
+        found = re.search(r"GLOBAL ([\w.]+)", str(error))
+        what = f"a pickled {found.group(1)}" if found else "pickled objects beyond tensors and plain containers"
+        raise UserError(
+            f"'{file}' holds {what}, which only arbitrary code can load (unpickling can run any code), so "
+            f"weights_only=True refuses it; if you trust the file, rerun with {ALLOW_PICKLE_ENV}=1"
+        ) from error
+    except Exception as error:  # torch raises RuntimeError, EOFError, BadZipFile, KeyError... for a damaged file
+        raise UserError(f"'{file}' is truncated or corrupt and cannot be loaded ({_first_line(error)})") from error
+
+
+def load_lightning_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A Lightning checkpoint (a dict with ``state_dict``) loaded safely, or a one-line :class:`UserError`."""
+    checkpoint = safe_load(path)
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise UserError(
+            f"'{path}' is not a Lightning checkpoint (no state_dict); give a .ckpt written by fit, or load plain "
+            "weights with --model.init_args.weights"
+        )
+    return checkpoint
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

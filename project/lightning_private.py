@@ -1,0 +1,40 @@
+"""Every use of a private Lightning name, in one place, with the public API that is missing.
+
+Importing this module imports nothing from Lightning (``project.export`` uses it in plain processes);
+``tests/test_lightning_private.py`` fails loudly when a Lightning upgrade moves any of these.
+
+1. The processes Lightning's launcher started. ``trainer.strategy.launcher`` is public, but the
+   processes it started for ranks 1..N-1 are ``_SubprocessScriptLauncher.procs`` (no public accessor).
+   Needed to name the rank that died first and to stop the others when rank 0 fails: Lightning kills
+   them only on Ctrl+C.
+2. The names of Lightning's and Fabric's module wrappers (``_LightningModuleWrapperBase``, ...), which
+   ``project.export.unwrap`` sees through by class name, so that it never imports Lightning.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from typing import Any
+
+#: Lightning's and Fabric's wrapper classes that hold the wrapped module at ``_forward_module``/``module``.
+WRAPPER_CLASS_NAMES = frozenset(
+    {"_LightningModuleWrapperBase", "_FabricModule", "_LightningPrecisionModuleWrapperBase"}
+)
+#: Where those wrappers keep the module they wrap.
+WRAPPER_ATTRIBUTE = "_forward_module"
+#: The launcher class whose ``procs`` are the processes it started (checked by the test).
+SUBPROCESS_LAUNCHER = "lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher"
+
+
+def launched_processes(strategy: Any) -> list[subprocess.Popen]:
+    """The processes (ranks 1..N-1 of this node) that Lightning's launcher started from this one; else ``[]``."""
+    launcher = getattr(strategy, "launcher", None)
+    return list(getattr(launcher, "procs", None) or [])
+
+
+def stop_launched_processes(strategy: Any) -> None:
+    """SIGKILL the ranks this process's launcher started (when rank 0 fails they would wait forever)."""
+    launcher = getattr(strategy, "launcher", None)
+    if launched_processes(strategy) and hasattr(launcher, "kill"):
+        launcher.kill(signal.SIGKILL)

@@ -1,0 +1,53 @@
+"""The ``parallel`` config section: what the user asked for, before it meets a machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Scenario = Literal["auto", "cpu", "single", "dp", "ddp"]
+Backend = Literal["auto", "nccl", "gloo"]
+SCENARIOS: tuple[str, ...] = get_args(Scenario)
+BACKENDS: tuple[str, ...] = get_args(Backend)
+#: Scenarios that need GPUs.
+GPU_SCENARIOS = ("single", "dp", "ddp")
+
+
+@dataclass
+class ParallelConfig:
+    """The ``parallel`` config section.
+
+    Args:
+        scenario: auto | cpu | single | dp | ddp.
+        devices: "all", a count N, or a list of GPU ids (``[0, 1, 2]`` or ``"0,1,2"``); on CPU the
+            number of processes. ``None`` means the scenario's default (all GPUs, 1 CPU process, or
+            what an outside launcher such as torchrun started).
+        num_nodes: Machines in the job; ``None`` means 1, or what the launcher says.
+        global_batch_size: Samples per optimizer step over all processes; ``None`` keeps the data
+            batch size (the training loader's ``batch_size``: per device for ddp/cpu, global for dp).
+        backend: auto (nccl on GPUs, gloo on CPU) | nccl | gloo.
+        broadcast_buffers: The seed's DDP flag: copy rank 0's buffers (BatchNorm statistics) to
+            every rank at each forward. The seed sets it False.
+        sync_batchnorm: Convert BatchNorm to SyncBatchNorm (GPUs only).
+        find_unused_parameters: DDP's flag for models whose forward skips parameters.
+        timeout_s: Seconds a collective of the process group may wait before failing (the barrier
+            callback has its own ``timeout_s``).
+    """
+
+    scenario: Scenario = "auto"
+    devices: int | list[int] | str | None = None
+    num_nodes: int | None = None
+    global_batch_size: int | None = None
+    backend: Backend = "auto"
+    broadcast_buffers: bool = True
+    sync_batchnorm: bool = False
+    find_unused_parameters: bool = False
+    timeout_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The machine the plan is for: its GPU count, and whether that count was assumed (``--assume_gpus``)."""
+
+    gpus: int
+    assumed: bool = False

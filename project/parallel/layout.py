@@ -1,0 +1,151 @@
+"""Where the processes go: the scenario, the devices of each node, the nodes, checked against the launcher.
+
+In the spirit of torchtitan's ``ParallelDims``: a :class:`Layout` is a small frozen value whose degrees
+(processes per node x nodes, data-parallel replicas x shards) must multiply to the world size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from project.errors import UserError
+from project.parallel.config import GPU_SCENARIOS, SCENARIOS, Hardware, ParallelConfig
+from project.parallel.devices import DeviceRequest, cpu_processes, gpu_ids, parse_devices
+from project.parallel.environment import LaunchEnvironment
+
+# Where an outside launcher's numbers come from, for messages that say what to change.
+_LAUNCHER_SOURCES = {
+    "slurm": {"devices": "--ntasks-per-node (SLURM_NTASKS_PER_NODE)", "num_nodes": "--nodes (SLURM_NNODES)"},
+}
+_ELASTIC_SOURCES = {
+    "devices": "--nproc_per_node (LOCAL_WORLD_SIZE)",
+    "num_nodes": "--nnodes (WORLD_SIZE / LOCAL_WORLD_SIZE)",
+}
+
+
+class LaunchMismatchError(UserError):
+    """The config asks for another layout than the outside launcher (torchrun, SLURM) started."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The resolved layout: the scenario, devices on each node, nodes, and the data-parallel degrees.
+
+    ``dp_replicate x dp_shard`` must equal ``per_node x num_nodes``: DDP replicates over every process
+    (``dp_shard == 1``); a sharded strategy would set ``dp_shard > 1``.
+    """
+
+    scenario: str
+    accelerator: str
+    devices: list[int] | int
+    num_nodes: int
+    dp_replicate: int
+    dp_shard: int = 1
+
+    def __post_init__(self) -> None:
+        if self.dp_replicate * self.dp_shard != self.world_size:
+            raise UserError(
+                f"data-parallel degrees replicate {self.dp_replicate} x shard {self.dp_shard} = "
+                f"{self.dp_replicate * self.dp_shard} do not match the world size {self.world_size} "
+                f"({self.per_node} per node x {self.num_nodes} nodes)"
+            )
+
+    @property
+    def per_node(self) -> int:
+        """Processes on each node: one per GPU id, or the CPU process count."""
+        return len(self.devices) if isinstance(self.devices, list) else self.devices
+
+    @property
+    def world_size(self) -> int:
+        """All processes of the job."""
+        return self.per_node * self.num_nodes
+
+
+def resolve_scenario(config: ParallelConfig, request: DeviceRequest, hardware: Hardware) -> str:
+    """``auto`` made concrete for this machine; a GPU scenario without GPUs is refused."""
+    if config.scenario not in SCENARIOS:
+        raise UserError(f"parallel.scenario={config.scenario!r} is not one of {', '.join(SCENARIOS)}")
+    if config.scenario != "auto":
+        if config.scenario in GPU_SCENARIOS and hardware.gpus == 0:
+            asked = f" with devices={config.devices!r}" if config.devices is not None else ""
+            raise UserError(
+                f"parallel.scenario={config.scenario!r}{asked} needs GPUs but no GPU is visible; "
+                "use scenario 'cpu' (devices N runs N processes), or plan with --assume_gpus N"
+            )
+        return config.scenario
+    if hardware.gpus == 0:
+        return "cpu"
+    return "ddp" if hardware.gpus > 1 and request.size != 1 else "single"
+
+
+def _take_launcher_value(name: str, asked: int | None, given: int | None, launcher: str) -> int | None:
+    """An outside launcher fixes the layout: take its number, or refuse a config that disagrees."""
+    if given is None:
+        return asked
+    if asked is not None and asked != given:
+        source = _LAUNCHER_SOURCES.get(launcher, _ELASTIC_SOURCES)[name]
+        raise LaunchMismatchError(
+            f"parallel.{name}={asked} disagrees with {launcher}, which started {given} ({source}); "
+            f"set parallel.{name} to {given} or drop it to take the launcher's value"
+        )
+    return given
+
+
+def _gpu_devices(
+    scenario: str, request: DeviceRequest, hardware: Hardware, environment: LaunchEnvironment
+) -> list[int]:
+    ids = gpu_ids(request, hardware.gpus)
+    if scenario == "single":
+        if ids is not None and len(ids) != 1:
+            raise UserError(f"parallel.devices={request.raw!r} lists {len(ids)} GPUs; 'single' takes one")
+        ids = ids or [0]
+    if environment.external:
+        local = environment.local_world_size
+        if ids is None and local is not None:
+            if local > hardware.gpus:
+                raise LaunchMismatchError(
+                    f"{environment.launcher} started {local} processes per node but this machine has "
+                    f"{hardware.gpus} GPUs; launch at most {hardware.gpus}"
+                )
+            ids = list(range(local))
+        elif ids is not None:
+            _take_launcher_value("devices", len(ids), local, environment.launcher)
+    return ids if ids is not None else list(range(hardware.gpus))
+
+
+def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: LaunchEnvironment) -> Layout:
+    """Resolve scenario, devices and nodes for this machine and launcher; every invalid combination is one line.
+
+    Raises:
+        UserError: with the bad value, the rule and the fix (:class:`LaunchMismatchError` when the
+            launcher started another layout).
+    """
+    request = parse_devices(config.devices)
+    scenario = resolve_scenario(config, request, hardware)
+    if config.num_nodes is not None and config.num_nodes < 1:
+        raise UserError(f"parallel.num_nodes={config.num_nodes} must be >= 1")
+    external = environment.launcher if environment.external else None
+    num_nodes = config.num_nodes
+    if external:
+        num_nodes = _take_launcher_value("num_nodes", num_nodes, environment.num_nodes, external)
+    num_nodes = num_nodes or 1
+    devices: list[int] | int
+    if scenario == "cpu":
+        count = cpu_processes(request)
+        if external:
+            count = _take_launcher_value("devices", count, environment.local_world_size, external)
+        devices, accelerator = count or 1, "cpu"
+    else:
+        devices, accelerator = _gpu_devices(scenario, request, hardware, environment), "gpu"
+    if scenario == "dp" and num_nodes != 1:
+        raise UserError(
+            f"parallel.num_nodes={num_nodes} with scenario 'dp': DataParallel is one machine; use scenario 'ddp'"
+        )
+    per_node = len(devices) if isinstance(devices, list) else devices
+    world_size = per_node * num_nodes
+    if external and environment.world_size is not None and environment.world_size != world_size:
+        raise LaunchMismatchError(
+            f"the plan has world size {world_size} (devices {per_node} x nodes {num_nodes}) but {external} "
+            f"set WORLD_SIZE={environment.world_size}; make parallel.devices x parallel.num_nodes match"
+        )
+    return Layout(scenario, accelerator, devices, num_nodes, dp_replicate=world_size)
