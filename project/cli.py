@@ -13,13 +13,11 @@ Bad input is one line on stderr and exit code 2 (:mod:`project.errors`).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch.distributed as dist
@@ -32,10 +30,9 @@ from project.checkpoints.resume import NO_CHECKPOINT, Chosen
 from project.config_errors import check_config_files
 from project.errors import UserError, run_reporting_user_errors
 from project.lightning_private import stop_launched_processes
-from project.parallel.environment import LEGACY_FLAG_ENV, detect_environment, strip_legacy_local_rank
+from project.parallel.environment import LEGACY_FLAG_ENV, strip_legacy_local_rank
 from project.parallel.failures import explain_rank_failure
-from project.parallel.layout import LaunchMismatchError
-from project.parallel.plan import Plan, resolve_plan
+from project.plan_command import print_plan
 
 COMMANDS = {
     "fit": "train, validate, then test the best checkpoint",
@@ -131,17 +128,40 @@ def refuse_mismatched_checkpoint(chosen: Chosen | None, model: L.LightningModule
         io.preload(chosen.path, chosen.checkpoint)  # Lightning gets it without reading the file again
 
 
-def _new_run_dir(trainer: L.Trainer) -> Path | None:
-    """The run directory this run will create (``None`` when it exists already: a resumed run's)."""
-    log_dir = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
-    return Path(log_dir) if log_dir and not Path(log_dir).exists() else None
+@dataclass(frozen=True)
+class NewFolders:
+    """The run directory and parents that a run will create, and the times of the folder that holds them."""
+
+    folders: list[Path]
+    parent: Path | None = None
+    parent_times: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, trainer: L.Trainer) -> NewFolders:
+        """What ``trainer``'s logger will create (nothing when the run directory exists: a resumed run's)."""
+        log_dir = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
+        if not log_dir:
+            return cls([])
+        run_dir = Path(log_dir)
+        chain = [run_dir, run_dir.parent, run_dir.parent.parent]  # logs/<name>/version_<n>, logs/<name>, logs
+        new = [folder for folder in chain if not folder.exists()]
+        parent = next((folder for folder in chain if folder.exists()), None)
+        times = (parent.stat().st_atime_ns, parent.stat().st_mtime_ns) if parent is not None else None
+        return cls(new, parent, times)
+
+    def remove(self) -> None:
+        """Remove them and give the folder that held them its times back: as if the run had never started."""
+        for folder in self.folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        if self.folders and self.parent is not None and self.parent_times is not None:
+            os.utime(self.parent, ns=self.parent_times)
 
 
 def run_command(command: str, cli: ProjectCLI) -> None:
     """Run ``command`` on the built objects; on failure name the rank, stop the others, clean up a refused run."""
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
     ckpt_path = cli.chosen.path if cli.chosen is not None else None
-    new_run_dir = _new_run_dir(trainer)
+    new_folders = NewFolders.of(trainer)
     try:
         if command == "fit":
             trainer.fit(model, datamodule=data, ckpt_path=ckpt_path, weights_only=not pickle_allowed())
@@ -155,8 +175,8 @@ def run_command(command: str, cli: ProjectCLI) -> None:
         timeout_s = cli.plan.strategy_args.get("timeout_s") if cli.plan is not None else None
         failure = explain_rank_failure(error, trainer, timeout_s)
         stop_launched_processes(trainer.strategy)
-        if isinstance(error, UserError) and new_run_dir is not None and trainer.is_global_zero:
-            shutil.rmtree(new_run_dir, ignore_errors=True)  # refused before training: leave nothing behind
+        if isinstance(error, UserError) and trainer.is_global_zero:
+            new_folders.remove()  # refused before training (e.g. by the sanity check): leave nothing behind
         if failure is not None:
             raise failure from error
         raise
@@ -167,46 +187,6 @@ def say_where_the_run_went(trainer: L.Trainer) -> None:
     log_dir = trainer.log_dir  # a collective: every rank
     if trainer.is_global_zero and log_dir and Path(log_dir).is_dir():
         print(f"Run directory: {log_dir}", flush=True)
-
-
-def _training_batch_size(datamodule: Any) -> int | None:
-    """The batch size of the training loader the datamodule returns (built here: ``plan`` trains nothing)."""
-    if datamodule is None:
-        return None
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    return getattr(datamodule.train_dataloader(), "batch_size", None)
-
-
-def resolve_for_plan(cli: ProjectCLI) -> Plan:
-    """The plan ``fit`` would resolve; a layout an outside launcher would refuse is shown with the reason."""
-    assert cli.plan_inputs is not None
-    settings, hardware = cli.plan_inputs
-    environment = detect_environment()
-    data_batch = _training_batch_size(cli.datamodule)
-    try:
-        return resolve_plan(settings, hardware, environment, data_batch)
-    except LaunchMismatchError as error:
-        unset = replace(environment, world_size=None, local_world_size=None, num_nodes=None)
-        plan = resolve_plan(settings, hardware, unset, data_batch)
-        return replace(plan, notes=(*plan.notes, f"will not start under {environment.launcher}: {error}"))
-
-
-def print_plan(cli: ProjectCLI) -> None:
-    """Print the plan as a table, or as one JSON object with ``--json``."""
-    data = resolve_for_plan(cli).to_dict()
-    if cli.config.get("parallel") is None:
-        data["notes"] = [*data["notes"], "no parallel section: this is what `parallel.scenario: auto` would do"]
-    if cli.config.get("json"):
-        sys.stdout.write(json.dumps(data) + "\n")
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="parallel plan", show_header=False)
-    for key, value in data.items():
-        table.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
-    Console().print(table)
 
 
 def leave_process_group() -> None:

@@ -20,7 +20,11 @@ class ProjectArgumentParser(LightningArgumentParser):
         if not self.exit_on_error or debug_enabled():
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        detail = _unknown_option(message) or " ".join(line.strip() for line in message.splitlines() if line.strip())
+        detail = (
+            _unknown_option(message)
+            or _bad_choice(message)
+            or " ".join(line.strip() for line in message.splitlines() if line.strip())
+        )
         prog = parser.prog.replace(" [options]", "").replace("__main__.py", "python -m project")
         exit_with(UserError(f"{detail[:600]} (see {prog} --help)"))
 
@@ -32,6 +36,16 @@ def _unknown_option(message: str) -> str | None:
         return None
     where = ".".join(re.findall(r'Parser key "([^"]+)"', message))
     return f"unknown option '{option.group(1)}'" + (f" in {where}" if where else "")
+
+
+def _bad_choice(message: str) -> str | None:
+    """A value outside a ``Literal``: "parallel.scenario='tpu' is not one of auto, cpu, single, dp, ddp"."""
+    found = re.search(r"Expected a typing\.Literal\[([^\]]*)\]\. Got value: (\S+)", message)
+    if found is None:
+        return None
+    keys = re.findall(r'Parser key "([^"]+)"', message[: found.start()])
+    choices = ", ".join(choice.strip().strip("'\"") for choice in found.group(1).split(","))
+    return f"{'.'.join(keys)}={found.group(2)!r} is not one of {choices}"
 
 
 def root_cause(error: BaseException) -> str:

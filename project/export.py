@@ -130,8 +130,8 @@ def network_spec(net: nn.Module, configured: Mapping[str, Any] | None = None) ->
     init_args = getattr(net, "init_args", None)
     if isinstance(init_args, dict):
         return {"class_path": class_path(net), "init_args": dict(init_args)}
-    if configured is not None and configured.get("class_path") == class_path(net):
-        return {"class_path": class_path(net), "init_args": dict(configured.get("init_args") or {})}
+    if configured is not None and _builds(configured.get("class_path"), type(net)):
+        return {"class_path": configured["class_path"], "init_args": dict(configured.get("init_args") or {})}
     raise UserError(
         f"{class_path(net)} cannot be rebuilt from export/: it has no `init_args` dict and the config does not "
         "build it by class_path; give the network in the config as class_path/init_args, store its constructor "
@@ -158,6 +158,14 @@ def check_rebuildable(spec: Mapping[str, Any], net: nn.Module) -> None:
             f"{where} would rebuild another network than the one trained ({diff.describe()}; rebuilt vs trained); "
             "make its init_args describe the trained network"
         )
+
+
+def _builds(path: Any, cls: type) -> bool:
+    """Whether a config's ``class_path`` names ``cls`` (``torch.nn.Linear`` is ``torch.nn.modules.linear.Linear``)."""
+    try:
+        return isinstance(path, str) and _import_class(path) is cls
+    except (ImportError, AttributeError, ValueError):
+        return False
 
 
 def _import_class(path: str) -> type:

@@ -7,8 +7,9 @@ Importing this module imports nothing from Lightning (``project.export`` uses it
    processes it started for ranks 1..N-1 are ``_SubprocessScriptLauncher.procs`` (no public accessor).
    Needed to name the rank that died first and to stop the others when rank 0 fails: Lightning kills
    them only on Ctrl+C.
-2. The names of Lightning's and Fabric's module wrappers (``_LightningModuleWrapperBase``, ...), which
-   ``project.export.unwrap`` sees through by class name, so that it never imports Lightning.
+2. The name of Fabric's module wrapper (``_FabricModule``, holding the module at ``_forward_module``),
+   which ``project.export.unwrap`` sees through by class name, so that it never imports Lightning. (The
+   Trainer wraps a LightningModule in DDP itself, which ``unwrap`` handles as plain torch.)
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ import signal
 import subprocess
 from typing import Any
 
-#: Lightning's and Fabric's wrapper classes that hold the wrapped module at ``_forward_module``/``module``.
-WRAPPER_CLASS_NAMES = frozenset(
-    {"_LightningModuleWrapperBase", "_FabricModule", "_LightningPrecisionModuleWrapperBase"}
-)
+#: Fabric's wrapper class, which holds the wrapped module at ``_forward_module``.
+WRAPPER_CLASS_NAMES = frozenset({"_FabricModule"})
 #: Where those wrappers keep the module they wrap.
 WRAPPER_ATTRIBUTE = "_forward_module"
 #: The launcher class whose ``procs`` are the processes it started (checked by the test).

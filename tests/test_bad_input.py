@@ -35,6 +35,8 @@ class Case:
     args: tuple[str, ...]
     needles: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    #: Words the error must not contain (advice that does not apply).
+    absent: tuple[str, ...] = ()
 
 
 def torchrun_env(world_size: int, local_world_size: int) -> dict[str, str]:
@@ -104,7 +106,51 @@ CASES = {
         ("fit", *BASE, "--config", CPU_DDP), ("world size 2", "WORLD_SIZE=3"), torchrun_env(3, 2)
     ),
     "unknown-config-key": Case(("fit", *BASE, "--parallel.gpus", "2"), ("unknown option 'gpus' in parallel",)),
+    # Issue 11: code that is not the template's, and files that are not checkpoints.
+    "checkpoint-is-a-text-file": Case(
+        ("test", *BASE, "--ckpt_path", "{tmp}/notes.txt"), ("notes.txt", "not a file written by torch.save")
+    ),
+    "checkpoint-is-a-csv-file": Case(
+        ("test", *BASE, "--ckpt_path", "{tmp}/predictions.csv"), ("predictions.csv", "'index,pr")
+    ),
+    "checkpoint-is-a-folder": Case(("test", *BASE, "--ckpt_path", "{run}"), ("version_0", "is a folder")),
+    "text-checkpoint-with-pickle-allowed": Case(
+        ("test", *BASE, "--ckpt_path", "{tmp}/notes.txt"),
+        ("notes.txt", "not a file written by torch.save"),
+        {"PROJECT_ALLOW_PICKLE": "1"},
+        absent=("PROJECT_ALLOW_PICKLE",),
+    ),
+    "test-without-a-checkpoint": Case(("test", *BASE), ("without --ckpt_path", "--ckpt_path none")),
+    "predict-without-a-checkpoint": Case(("predict", *BASE), ("without --ckpt_path", "--ckpt_path none")),
+    "batch-larger-than-the-dataset": Case(
+        ("fit", *BASE, "--data.init_args.batch_size", "100000"), ("1257 samples", "one global batch of 100000")
+    ),
+    "monitored-metric-never-logged": Case(
+        (
+            "fit",
+            *BASE,
+            "--model.class_path",
+            "user_code.ModelAttributeClassifier",
+            "--model.init_args.model",
+            '{"class_path": "torch.nn.Linear", "init_args": {"in_features": 64, "out_features": 10}}',
+        ),
+        ("ModelCheckpoint(monitor='val/acc')", "never logs 'val/acc'", "val/loss"),
+    ),
+    "network-attribute-missing": Case(
+        ("fit", *BASE, "--config", "{tmp}/net_attribute.yaml"), ("net_attribute='body'", "net")
+    ),
+    "export-would-rebuild-another-network": Case(
+        ("fit", *BASE, "--model.init_args.net.class_path", "user_code.MisdescribedNet"),
+        ("user_code.MisdescribedNet", "another network"),
+    ),
 }
+# A config file for the case above: the callbacks of digits.yaml with a net_attribute that does not exist.
+NET_ATTRIBUTE_YAML = """trainer:
+  callbacks:
+    - class_path: project.callbacks.UnwrapEvalCallback
+      init_args:
+        net_attribute: body
+"""
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
@@ -129,6 +175,9 @@ def run_case(name: str, case: Case, template: Path, root: Path) -> dict:
     cwd = root / name
     shutil.copytree(template, cwd)  # copy2: the copy keeps the files' times, so any touch shows
     (cwd / "broken.yaml").write_text("trainer:\n  max_epochs: [1\n")
+    (cwd / "notes.txt").write_text("these are not weights\n")
+    (cwd / "predictions.csv").write_text("index,prediction\n0,3\n")
+    (cwd / "net_attribute.yaml").write_text(NET_ATTRIBUTE_YAML)
     legacy = {f"module.{k}": v for k, v in DigitsNet().state_dict().items()}
     torch.save({**legacy, "module.extra.weight": torch.zeros(3)}, cwd / "legacy_ddp.pt")
     before = snapshot(cwd / "logs")
@@ -159,4 +208,6 @@ def test_bad_input_is_one_clear_line_and_touches_nothing(outcomes, name):
     assert len(errors) == 1, result.stderr
     for needle in case.needles:
         assert needle in errors[0], f"{needle!r} not in: {errors[0]}"
+    for word in case.absent:
+        assert word not in errors[0], f"{word!r} in: {errors[0]}"
     assert outcome["after"] == outcome["before"], "the existing run directory changed or a new version appeared"

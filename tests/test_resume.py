@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.errors import UserError
 from project.checkpoints.resume import RunName, choose_checkpoint, find_resume_checkpoint
+from project.errors import UserError
 
 from helpers import CPU_DDP, DIGITS, FAST, read_scalars, run_cli, run_dirs
 

@@ -1,0 +1,49 @@
+"""The private Lightning names the template depends on, all listed in project/lightning_private.py.
+
+If a Lightning upgrade moves one of them, this fails here, by name, instead of somewhere in a run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+import lightning as L
+
+from project import lightning_private
+from project.lightning_private import SUBPROCESS_LAUNCHER, WRAPPER_ATTRIBUTE, WRAPPER_CLASS_NAMES
+
+PROJECT = Path(__file__).resolve().parents[1] / "project"
+
+
+def test_lightnings_launcher_keeps_the_processes_it_started_in_procs_and_can_kill_them():
+    module_name, _, class_name = SUBPROCESS_LAUNCHER.rpartition(".")
+    launcher = getattr(importlib.import_module(module_name), class_name)
+    assert "procs" in inspect.getsource(launcher.__init__)
+    assert callable(launcher.kill)
+
+
+def test_lightnings_wrappers_keep_the_module_where_unwrap_looks():
+    from lightning.fabric.wrappers import _FabricModule
+    from torch import nn
+
+    from project.export import unwrap
+
+    assert _FabricModule.__name__ in WRAPPER_CLASS_NAMES
+    assert WRAPPER_ATTRIBUTE in inspect.getsource(_FabricModule.__init__)
+    inner = nn.Linear(2, 2)
+    assert unwrap(_FabricModule(inner, strategy=None)) is inner
+    assert L.__version__ == "2.6.6", "a new Lightning: re-check every name in project/lightning_private.py"
+
+
+def test_no_other_module_of_the_project_uses_a_private_lightning_name():
+    private = re.compile(r"from lightning[\w.]* import [^\n]*\b_\w+|lightning[\w.]*\._\w+")
+    offenders = [
+        str(path.relative_to(PROJECT))
+        for path in PROJECT.rglob("*.py")
+        if path.name != "lightning_private.py" and private.search(path.read_text())
+    ]
+    assert offenders == []
+    assert lightning_private.__doc__ and "public API" in lightning_private.__doc__

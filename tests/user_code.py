@@ -1,0 +1,105 @@
+"""Code a user would write, not the template's: plugged in by class path (``tests/`` is on PYTHONPATH).
+
+- :class:`PlainDigits`: a plain LightningDataModule with its own shuffled DataLoader, a batch argument that
+  is not called ``batch_size``, and an odd-sized test split (45 samples), as issue 11 found them.
+- :class:`StreamedDigits`: the same data as an IterableDataset, where the layer cannot install its samplers.
+- :class:`ModelAttributeClassifier`: a LightningModule that keeps its network at ``.model``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import lightning as L
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from project.data.arrays import load_digits_tensors
+
+
+def digits_parts(test_size: int = 45, val_size: int = 45) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
+    """The digits in file order: the last ``test_size`` for test, the ``val_size`` before for validation."""
+    x, y = load_digits_tensors()
+    n = len(x) - test_size - val_size
+    return (
+        TensorDataset(x[:n], y[:n]),
+        TensorDataset(x[n : n + val_size], y[n : n + val_size]),
+        TensorDataset(x[n + val_size :], y[n + val_size :]),
+    )
+
+
+class PlainDigits(L.LightningDataModule):
+    """A plain datamodule: ``bs`` per loader, ``DataLoader(shuffle=True)`` for training, nothing from the template."""
+
+    def __init__(self, bs: int = 16, test_size: int = 45) -> None:
+        super().__init__()
+        self.bs = bs
+        self.test_size = test_size
+
+    def setup(self, stage: str | None = None) -> None:
+        """Split the digits."""
+        self.train, self.val, self.test = digits_parts(self.test_size)
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled, as users write it."""
+        return DataLoader(self.train, batch_size=self.bs, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        """In order."""
+        return DataLoader(self.val, batch_size=self.bs)
+
+    def test_dataloader(self) -> DataLoader:
+        """In order."""
+        return DataLoader(self.test, batch_size=self.bs)
+
+    def predict_dataloader(self) -> DataLoader:
+        """The test set."""
+        return DataLoader(self.test, batch_size=self.bs)
+
+
+class _Stream(IterableDataset):
+    def __init__(self, data: TensorDataset) -> None:
+        self.data = data
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        return iter(zip(*self.data.tensors))
+
+
+class StreamedDigits(PlainDigits):
+    """The same data as an IterableDataset: no indices, so the layer leaves the training loader alone."""
+
+    def train_dataloader(self) -> DataLoader:
+        """A stream."""
+        return DataLoader(_Stream(self.train), batch_size=self.bs)
+
+
+class ModelAttributeClassifier(L.LightningModule):
+    """Cross-entropy around a network held at ``.model``, with ``val/acc``-free metrics (``val/loss`` only)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.save_hyperparameters()  # under LightningCLI: the config, so the network's class_path and init_args
+        self.model = model
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Cross-entropy."""
+        x, y = batch
+        return nn.functional.cross_entropy(self.model(x), y)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """``val/loss`` only."""
+        x, y = batch
+        self.log("val/loss", nn.functional.cross_entropy(self.model(x), y), sync_dist=True)
+
+
+class MisdescribedNet(nn.Module):
+    """A network whose ``init_args`` do not describe it: its export would rebuild another network."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.init_args = {"width": width + 1}
+        self.layer = nn.Linear(64, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits (of the wrong width, which no test gets to see)."""
+        return self.layer(x)
