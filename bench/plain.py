@@ -24,8 +24,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from bench.timing import StepTimer
 from project.models.digits_net import DigitsNet
-from project.parallel.strategies import ddp_buffer_kwargs
 from project.parallel.sampling import GlobalBatchSampler
+from project.parallel.strategies import ddp_buffer_kwargs
 
 
 class PlainModule(L.LightningModule):
