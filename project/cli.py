@@ -31,8 +31,9 @@ from project.config_errors import check_config_files
 from project.errors import UserError, run_reporting_user_errors
 from project.lightning_private import stop_launched_processes
 from project.parallel.environment import LEGACY_FLAG_ENV, strip_legacy_local_rank
-from project.parallel.failures import explain_rank_failure
+from project.parallel.failures import error_from_worker, explain_rank_failure
 from project.plan_command import print_plan
+from project.runs import run_directory
 
 COMMANDS = {
     "fit": "train, validate, then test the best checkpoint",
@@ -173,9 +174,9 @@ def run_command(command: str, cli: ProjectCLI) -> None:
     except BaseException as error:
         # Named before the other ranks are stopped, so the rank that died first is told apart.
         timeout_s = cli.plan.strategy_args.get("timeout_s") if cli.plan is not None else None
-        failure = explain_rank_failure(error, trainer, timeout_s)
+        failure = error_from_worker(error) or explain_rank_failure(error, trainer, timeout_s)
         stop_launched_processes(trainer.strategy)
-        if isinstance(error, UserError) and trainer.is_global_zero:
+        if isinstance(failure or error, UserError) and trainer.is_global_zero:
             new_folders.remove()  # refused before training (e.g. by the sanity check): leave nothing behind
         if failure is not None:
             raise failure from error
@@ -184,7 +185,7 @@ def run_command(command: str, cli: ProjectCLI) -> None:
 
 def say_where_the_run_went(trainer: L.Trainer) -> None:
     """``Run directory: logs/<name>/version_<n>`` (rank 0)."""
-    log_dir = trainer.log_dir  # a collective: every rank
+    log_dir = run_directory(trainer)
     if trainer.is_global_zero and log_dir and Path(log_dir).is_dir():
         print(f"Run directory: {log_dir}", flush=True)
 

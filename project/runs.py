@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 
 def read_scalars(run_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
@@ -22,3 +23,12 @@ def read_scalars(run_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, f
         for tag in accumulator.Tags()["scalars"]:
             scalars.setdefault(tag, []).extend((event.step, event.value) for event in accumulator.Scalars(tag))
     return scalars
+
+
+def run_directory(trainer: Any) -> str | None:
+    """The run directory, ``trainer.log_dir``: call it on EVERY rank, never under a rank check.
+
+    Lightning broadcasts it from rank 0, a collective: a rank that skips the call leaves the others waiting
+    (Lightning#18148). Every writer of the run directory asks here, then lets rank 0 write.
+    """
+    return trainer.log_dir

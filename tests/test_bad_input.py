@@ -20,12 +20,13 @@ import torch
 
 from project.models.digits_net import DigitsNet
 
-from helpers import CPU_DDP, DIGITS, FAST, free_port, run_cli, run_dirs
+from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, free_port, run_cli, run_dirs
 
 # The upper bound of "within seconds": a CLI start is ~4 s; two run side by side on 2 cores.
 SECONDS = 30
 BASE = ["--config", DIGITS, "--config", FAST]
 RUN = "logs/digits/version_0"
+FORK = str(CONFIGS / "parallel" / "fork.yaml")
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ CASES = {
         ("test", *BASE, "--ckpt_path", "{tmp}/notes.txt"), ("notes.txt", "not a file written by torch.save")
     ),
     "checkpoint-is-a-csv-file": Case(
-        ("test", *BASE, "--ckpt_path", "{tmp}/predictions.csv"), ("predictions.csv", "'index,pr")
+        ("test", *BASE, "--ckpt_path", "{tmp}/predictions.csv"), ("predictions.csv", "starts with 'inde'")
     ),
     "checkpoint-is-a-folder": Case(("test", *BASE, "--ckpt_path", "{run}"), ("version_0", "is a folder")),
     "text-checkpoint-with-pickle-allowed": Case(
@@ -125,15 +126,11 @@ CASES = {
     "batch-larger-than-the-dataset": Case(
         ("fit", *BASE, "--data.init_args.batch_size", "100000"), ("1257 samples", "one global batch of 100000")
     ),
+    "refused-in-a-forked-rank": Case(
+        ("fit", *BASE, "--config", FORK, "--data.init_args.batch_size", "100000"), ("1257 samples", "2 processes")
+    ),
     "monitored-metric-never-logged": Case(
-        (
-            "fit",
-            *BASE,
-            "--model.class_path",
-            "user_code.ModelAttributeClassifier",
-            "--model.init_args.model",
-            '{"class_path": "torch.nn.Linear", "init_args": {"in_features": 64, "out_features": 10}}',
-        ),
+        ("fit", *BASE, "--config", "{tmp}/model_attribute.yaml"),
         ("ModelCheckpoint(monitor='val/acc')", "never logs 'val/acc'", "val/loss"),
     ),
     "network-attribute-missing": Case(
@@ -144,7 +141,12 @@ CASES = {
         ("user_code.MisdescribedNet", "another network"),
     ),
 }
-# A config file for the case above: the callbacks of digits.yaml with a net_attribute that does not exist.
+# Config files for the cases above: a module that logs no val/acc; a net_attribute that does not exist.
+MODEL_ATTRIBUTE_YAML = """model:
+  class_path: user_code.ModelAttributeClassifier
+  init_args:
+    model: {class_path: torch.nn.Linear, init_args: {in_features: 64, out_features: 10}}
+"""
 NET_ATTRIBUTE_YAML = """trainer:
   callbacks:
     - class_path: project.callbacks.UnwrapEvalCallback
@@ -178,6 +180,7 @@ def run_case(name: str, case: Case, template: Path, root: Path) -> dict:
     (cwd / "notes.txt").write_text("these are not weights\n")
     (cwd / "predictions.csv").write_text("index,prediction\n0,3\n")
     (cwd / "net_attribute.yaml").write_text(NET_ATTRIBUTE_YAML)
+    (cwd / "model_attribute.yaml").write_text(MODEL_ATTRIBUTE_YAML)
     legacy = {f"module.{k}": v for k, v in DigitsNet().state_dict().items()}
     torch.save({**legacy, "module.extra.weight": torch.zeros(3)}, cwd / "legacy_ddp.pt")
     before = snapshot(cwd / "logs")

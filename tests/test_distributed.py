@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import CPU_DDP, DIGITS, FAST, REPO, cli_env, read_plan, read_scalars, run_cli, run_dirs
+from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, REPO, cli_env, read_plan, read_scalars, run_cli, run_dirs
 
 pytestmark = pytest.mark.distributed
+FORK = str(CONFIGS / "parallel" / "fork.yaml")  # docs/adding-a-scenario.md
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,8 @@ def test_evaluation_counts_every_sample_once_and_matches_one_process(ddp_run, tm
         assert at_step and at_step[-1] == pytest.approx(single[tag], abs=1e-6), (tag, step, logged[tag])
 
 
-def test_same_global_batch_gives_same_weights_at_world_size_1_and_2(tmp_path):
+@pytest.mark.parametrize("layout", [CPU_DDP, FORK], ids=["ddp", "fork"])
+def test_same_global_batch_gives_same_weights_at_world_size_1_and_2(tmp_path, layout):
     common = [
         "fit",
         "--config",
@@ -101,7 +103,7 @@ def test_same_global_batch_gives_same_weights_at_world_size_1_and_2(tmp_path):
         "1",
     ]
     weights = []
-    for name, extra in (("one", []), ("two", ["--config", CPU_DDP])):
+    for name, extra in (("one", []), ("two", ["--config", layout])):
         cwd = tmp_path / name
         cwd.mkdir()
         # The layout config goes right after digits.yaml; the command-line overrides come after both.

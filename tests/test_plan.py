@@ -48,6 +48,10 @@ CASES = [
         ("dp", "gpu", [0, 1, 2], 3, 21, 63, "ddp", "nccl"),
     ),
     ({"scenario": "dp", "devices": 2, "global_batch_size": 16}, 4, ("dp", "gpu", [0, 1], 2, 8, 16, "ddp", "nccl")),
+    # fork: DDP with forked ranks, on the GPUs when there are some, else CPU processes
+    ({"scenario": "fork", "devices": 2}, 0, ("fork", "cpu", 2, 2, 64, 128, "ddp_fork", "gloo")),
+    ({"scenario": "fork"}, 0, ("fork", "cpu", 1, 1, 64, 64, "single_device", None)),
+    ({"scenario": "fork", "devices": "all"}, 4, ("fork", "gpu", [0, 1, 2, 3], 4, 64, 256, "ddp_fork", "nccl")),
     # ddp: the data batch is per device
     ({"scenario": "ddp"}, 1, ("ddp", "gpu", [0], 1, 64, 64, "single_device", None)),
     ({"scenario": "ddp", "devices": "all"}, 4, ("ddp", "gpu", [0, 1, 2, 3], 4, 64, 256, "ddp", "nccl")),
@@ -97,6 +101,7 @@ ERRORS = [
     ({"scenario": "dp", "devices": [0, 1, 2]}, 8, ["64", "world size 3", "63 or 66"]),
     ({"scenario": "dp", "devices": "all", "num_nodes": 2}, 8, ["num_nodes=2", "'dp'", "'ddp'"]),
     ({"scenario": "cpu", "devices": "all"}, 0, ["'all'", "number of processes"]),
+    ({"scenario": "fork", "devices": [0, 1]}, 0, ["[0, 1]", "'fork' on CPU", "number of processes"]),
     ({"scenario": "cpu", "devices": [0, 1]}, 0, ["[0, 1]", "number of processes"]),
     ({"scenario": "cpu", "devices": 0}, 0, ["devices=0", ">= 1"]),
     ({"scenario": "cpu", "num_nodes": 0}, 0, ["num_nodes=0", ">= 1"]),

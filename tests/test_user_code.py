@@ -31,7 +31,18 @@ def fit(cwd, *args: str, layout: tuple[str, ...] = ()) -> tuple:
 def evaluate(cwd, command: str, checkpoint, *layout: str):
     """Run ``validate``/``test``/``predict`` of ``checkpoint`` with the plain datamodule; its run directory."""
     before = set(run_dirs(cwd))
-    args = [command, "--config", DIGITS, *layout, "--config", FAST, *PLAIN, "--ckpt_path", str(checkpoint)]
+    args = [
+        command,
+        "--config",
+        DIGITS,
+        *layout,
+        "--config",
+        FAST,
+        *PLAIN,
+        *NO_COUPLING,
+        "--ckpt_path",
+        str(checkpoint),
+    ]
     result = run_cli(args, cwd)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     (run,) = set(run_dirs(cwd)) - before

@@ -20,11 +20,19 @@ import torch.distributed as dist
 from project.checkpoints.atomic import atomic_write_text
 from project.errors import UserError
 from project.parallel.sampling import EvalShardSampler
+from project.runs import run_directory
 
 
 def _cell(value: torch.Tensor) -> Any:
     """One sample's prediction: a scalar as it is, anything larger as a JSON list."""
     return value.item() if value.numel() == 1 else json.dumps(value.tolist())
+
+
+def _ordered_shards(loader: Any) -> bool:
+    """Whether ``loader`` samples with the layer's ordered shards (Lightning wraps predict's batch sampler)."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    samplers = (getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None))
+    return any(isinstance(sampler, EvalShardSampler) for sampler in samplers)
 
 
 def prediction_rows(predictions: torch.Tensor) -> str:
@@ -59,7 +67,7 @@ class PredictionsWriter(L.Callback):
             return
         loaders = trainer.predict_dataloaders
         loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
-        if not all(isinstance(getattr(loader, "sampler", None), EvalShardSampler) for loader in loaders):
+        if not all(_ordered_shards(loader) for loader in loaders):
             raise UserError(
                 f"predict on {trainer.world_size} processes: the predict loader's samples cannot be put in "
                 "dataset order (see plan.json guarantees.predict); run predict on one process"
@@ -83,7 +91,7 @@ class PredictionsWriter(L.Callback):
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             shards = [torch.empty(0)] * trainer.world_size
             dist.all_gather_object(shards, local)
-        log_dir = trainer.log_dir  # every rank: it broadcasts
+        log_dir = run_directory(trainer)
         if not trainer.is_global_zero or log_dir is None:
             return
         self.path = Path(log_dir) / self.filename

@@ -9,6 +9,7 @@ import lightning as L
 
 from project.callbacks.loaders import LoaderGuaranteesCallback
 from project.checkpoints.atomic import atomic_write_text
+from project.runs import run_directory
 
 
 class RunRecordCallback(L.Callback):
@@ -24,7 +25,7 @@ class RunRecordCallback(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Write plan.json (rank 0); again at the next stage of the same run (fit, then test)."""
-        log_dir = trainer.log_dir  # broadcasts from rank 0: every rank calls it, never under a rank check
+        log_dir = run_directory(trainer)
         if log_dir is not None and trainer.is_global_zero:
             self.write(trainer, log_dir)
 

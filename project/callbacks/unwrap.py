@@ -22,6 +22,7 @@ from torch import nn
 from project.checkpoints.loading import load_lightning_checkpoint
 from project.errors import UserError
 from project.export import check_rebuildable, export_network, match_state_dict, network_spec, unwrap
+from project.runs import run_directory
 
 
 def broadcast_buffers_from_rank0(trainer: L.Trainer, module: nn.Module) -> None:
@@ -111,7 +112,7 @@ class UnwrapEvalCallback(L.Callback):
         """Rank 0 exports the plain network; the others wait for nothing (no collective here)."""
         if not self.export or self._spec is None:
             return
-        log_dir = trainer.log_dir  # collective on every rank before the rank check
+        log_dir = run_directory(trainer)
         if not trainer.is_global_zero or log_dir is None or trainer.fast_dev_run:
             return
         _, net = find_network(unwrap(pl_module), self.net_attribute)

@@ -5,12 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-Scenario = Literal["auto", "cpu", "single", "dp", "ddp"]
+Scenario = Literal["auto", "cpu", "single", "dp", "ddp", "fork"]
 Backend = Literal["auto", "nccl", "gloo"]
 SCENARIOS: tuple[str, ...] = get_args(Scenario)
 BACKENDS: tuple[str, ...] = get_args(Backend)
-#: Scenarios that need GPUs.
-GPU_SCENARIOS = ("single", "dp", "ddp")
 
 
 @dataclass
@@ -18,7 +16,8 @@ class ParallelConfig:
     """The ``parallel`` config section.
 
     Args:
-        scenario: auto | cpu | single | dp | ddp.
+        scenario: auto | cpu | single | dp | ddp | fork (DDP whose ranks are forked from this process, on
+            the GPUs when there are some, else on CPU processes).
         devices: "all", a count N, or a list of GPU ids (``[0, 1, 2]`` or ``"0,1,2"``); on CPU the
             number of processes. ``None`` means the scenario's default (all GPUs, 1 CPU process, or
             what an outside launcher such as torchrun started).

@@ -77,13 +77,13 @@ def gpu_ids(request: DeviceRequest, gpus: int) -> list[int] | None:
     return ids
 
 
-def cpu_processes(request: DeviceRequest) -> int | None:
+def cpu_processes(request: DeviceRequest, scenario: str = "cpu") -> int | None:
     """The number of CPU processes a request names; ``None`` when it leaves it open."""
     if request.raw is None:
         return None
     if request.count is None:
         raise UserError(
-            f"parallel.devices={request.raw!r} with scenario 'cpu' must be a number of processes (e.g. 2); "
-            "GPU ids and 'all' need a GPU scenario"
+            f"parallel.devices={request.raw!r} with scenario '{scenario}' on CPU must be a number of processes "
+            "(e.g. 2); GPU ids and 'all' need GPUs"
         )
     return request.count

@@ -10,6 +10,7 @@ any other rank names its peer when there is only one, and otherwise leaves that 
 
 from __future__ import annotations
 
+import importlib
 import re
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from project.errors import RunFailure, UserError
 from project.lightning_private import launched_processes
@@ -101,3 +103,22 @@ def explain_rank_failure(
         f"rank {rank} lost {peer} during a collective: that rank died or was killed ({detail}). "
         f"Read its output or the launcher's report for why, {resume}"
     )
+
+
+def error_from_worker(error: BaseException) -> BaseException | None:
+    """The template's own error raised in a forked or spawned worker (``scenario: fork``), as that error again.
+
+    ``torch.multiprocessing`` hands the main process a ``ProcessRaisedException`` holding the worker's
+    traceback as text; its last line is ``module.Class: message``.
+    """
+    if not isinstance(error, mp.ProcessRaisedException):
+        return None
+    found = re.match(r"^([\w.]+)\.(\w+): (.*)$", str(error).strip().splitlines()[-1])
+    if found is None:
+        return None
+    module, name, message = found.groups()
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+    return cls(message) if isinstance(cls, type) and issubclass(cls, (UserError, RunFailure)) else None

@@ -9,10 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from project.errors import UserError
-from project.parallel.config import GPU_SCENARIOS, SCENARIOS, Hardware, ParallelConfig
+from project.parallel.config import SCENARIOS, Hardware, ParallelConfig
 from project.parallel.devices import DeviceRequest, cpu_processes, gpu_ids, parse_devices
 from project.parallel.environment import LaunchEnvironment
 
+#: The devices each scenario runs on: "cpu", "gpu", or "any" (the GPUs when the machine has some, else CPU processes).
+SCENARIO_DEVICES = {"cpu": "cpu", "single": "gpu", "dp": "gpu", "ddp": "gpu", "fork": "any"}
 # Where an outside launcher's numbers come from, for messages that say what to change.
 _LAUNCHER_SOURCES = {
     "slurm": {"devices": "--ntasks-per-node (SLURM_NTASKS_PER_NODE)", "num_nodes": "--nodes (SLURM_NNODES)"},
@@ -66,7 +68,7 @@ def resolve_scenario(config: ParallelConfig, request: DeviceRequest, hardware: H
     if config.scenario not in SCENARIOS:
         raise UserError(f"parallel.scenario={config.scenario!r} is not one of {', '.join(SCENARIOS)}")
     if config.scenario != "auto":
-        if config.scenario in GPU_SCENARIOS and hardware.gpus == 0:
+        if SCENARIO_DEVICES[config.scenario] == "gpu" and hardware.gpus == 0:
             asked = f" with devices={config.devices!r}" if config.devices is not None else ""
             raise UserError(
                 f"parallel.scenario={config.scenario!r}{asked} needs GPUs but no GPU is visible; "
@@ -130,8 +132,9 @@ def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: Laun
         num_nodes = _take_launcher_value("num_nodes", num_nodes, environment.num_nodes, external)
     num_nodes = num_nodes or 1
     devices: list[int] | int
-    if scenario == "cpu":
-        count = cpu_processes(request)
+    kind = SCENARIO_DEVICES[scenario]
+    if kind == "cpu" or (kind == "any" and hardware.gpus == 0):
+        count = cpu_processes(request, scenario)
         if external:
             count = _take_launcher_value("devices", count, environment.local_world_size, external)
         devices, accelerator = count or 1, "cpu"

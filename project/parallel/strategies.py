@@ -72,9 +72,11 @@ STRATEGIES: dict[str, StrategyRow] = {
     # One process: Lightning picks the single-device strategy for the accelerator and device given.
     "single_device": StrategyRow(args=lambda config, start_method: {}, build=lambda args, backend: "auto"),
     "ddp": StrategyRow(args=_ddp_args, build=_build_ddp),
+    # DDP whose ranks are forked from this process (Lightning's ddp_notebook): what Jupyter needs.
+    "ddp_fork": StrategyRow(args=lambda config, start_method: _ddp_args(config, "fork"), build=_build_ddp),
 }
 #: The strategy of each scenario on more than one process (dp runs as DDP: Lightning removed DataParallel).
-SCENARIO_STRATEGY = {"cpu": "ddp", "single": "single_device", "dp": "ddp", "ddp": "ddp"}
+SCENARIO_STRATEGY = {"cpu": "ddp", "single": "single_device", "dp": "ddp", "ddp": "ddp", "fork": "ddp_fork"}
 
 
 def strategy_name(scenario: str, world_size: int) -> str:
