@@ -27,8 +27,6 @@ from project.parallel.plan import Plan
 from project.parallel.sampling import GlobalBatchSampler
 
 EVAL_HOOKS = {"val_dataloader": "validation", "test_dataloader": "test", "predict_dataloader": "predict"}
-_STAGE_HOOKS = {"fit": ("train_dataloader", "val_dataloader"), "validate": ("val_dataloader",)}
-_STAGE_HOOKS |= {"test": ("test_dataloader",), "predict": ("predict_dataloader",)}
 
 
 def _each(loaders: Any, fn: Callable[[Any], Any]) -> Any:

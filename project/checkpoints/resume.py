@@ -36,7 +36,7 @@ RESUME_AUTO = "auto"
 #: ``--ckpt_path none``: evaluate the weights the config builds, on purpose.
 NO_CHECKPOINT = "none"
 #: Values of ``--ckpt_path`` that Lightning resolves itself.
-LIGHTNING_CKPT_PATHS = ("best", "hpc", "registry")
+LIGHTNING_CKPT_PATHS = ("hpc", "registry")
 # Lightning's default logger when ``trainer.logger`` is true/unset.
 _DEFAULT_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
 _DEFAULT_LOGGER_NAME = "lightning_logs"
@@ -175,6 +175,11 @@ def choose_checkpoint(command: str, ckpt_path: str | None, resume: str | None, t
         return None
     if ckpt_path in LIGHTNING_CKPT_PATHS:
         return Chosen(ckpt_path)
+    if ckpt_path == "best":
+        raise UserError(
+            "--ckpt_path best means the best checkpoint of a fit in this same process (fit tests it by itself); "
+            "give the file (logs/<name>/version_<n>/checkpoints/best-*.ckpt) or `last`"
+        )
     if resume != RESUME_AUTO and ckpt_path != "last":
         return Chosen(str(ckpt_path), load_lightning_checkpoint(str(ckpt_path)))
     asked = f"--resume {resume}" if resume is not None else "--ckpt_path last"
