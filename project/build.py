@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgres
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.profilers import PassThroughProfiler
 
-from project.callbacks import LoaderGuaranteesCallback, ProgressBar, template_callbacks
+from project.callbacks import LoaderGuaranteesCallback, template_callbacks
 from project.checkpoints.io import with_atomic_checkpoint_io
 from project.checkpoints.resume import Chosen, choose_checkpoint
 from project.config_errors import ProjectArgumentParser, root_cause
@@ -66,24 +66,11 @@ class SaveUserConfig(SaveConfigCallback):
         super().__init__(parser, config, **kwargs)
 
 
-def lighter_defaults(trainer_config: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Lightning's defaults without their per-step cost, unless the config chose otherwise.
-
-    A profiler that is really off, and a progress bar that redraws a few times a second instead of
-    after every batch. ``barebones`` runs have neither.
-    """
-
-    def setting(key: str) -> Any:
-        return kwargs.get(key, trainer_config.get(key))
-
-    if setting("barebones"):
-        return kwargs
-    if setting("profiler") is None:
-        kwargs["profiler"] = NoProfiler()
-    callbacks = kwargs["callbacks"]
-    if setting("enable_progress_bar") is not False and not any(isinstance(c, LightningProgressBar) for c in callbacks):
-        kwargs["callbacks"] = [*callbacks, ProgressBar()]
-    return kwargs
+def wants_template_progress_bar(trainer_config: dict[str, Any]) -> bool:
+    """Whether the run gets the template's progress bar: not when barebones, turned off, or one is configured."""
+    if trainer_config.get("barebones") or trainer_config.get("enable_progress_bar") is False:
+        return False
+    return not any(isinstance(c, LightningProgressBar) for c in _listed(trainer_config.get("callbacks")))
 
 
 def _listed(value: Any) -> list[Any]:
@@ -212,6 +199,9 @@ class ProjectCLI(LightningCLI):
         if self.plan is not None:
             kwargs = {**self.plan.trainer_kwargs(), **kwargs}
         kwargs["plugins"] = with_atomic_checkpoint_io(trainer_config.get("plugins"))
+        if trainer_config.get("profiler") is None and not trainer_config.get("barebones"):
+            kwargs["profiler"] = NoProfiler()  # Lightning's default without its per-hook cost
         chosen = self.chosen.path if self.chosen is not None else None
-        kwargs["callbacks"] = [*_listed(trainer_config.get("callbacks")), *template_callbacks(self.loaders, chosen)]
-        return super().instantiate_trainer(**lighter_defaults(trainer_config, kwargs))
+        own = template_callbacks(self.loaders, chosen, wants_template_progress_bar(trainer_config))
+        kwargs["callbacks"] = [*_listed(trainer_config.get("callbacks")), *own]
+        return super().instantiate_trainer(**kwargs)

@@ -3,9 +3,10 @@
 Two kinds, each installed one way:
 
 - chosen in the config (``trainer.callbacks``): :class:`BarrierCallback`, :class:`UnwrapEvalCallback`,
-  :class:`NonFiniteLossCallback`, :class:`PredictionsWriter`, :class:`ProgressBar`;
+  :class:`NonFiniteLossCallback`, :class:`PredictionsWriter`, and any progress bar;
 - the template's own, on every run, from :func:`template_callbacks`: the loader guarantees, ``plan.json``,
-  every rank's random state, the monitored-metric check.
+  every rank's random state, the monitored-metric check, and :class:`ProgressBar` unless the config
+  names a progress bar or turns it off.
 """
 
 from __future__ import annotations
@@ -36,12 +37,16 @@ __all__ = [
 ]
 
 
-def template_callbacks(loaders: LoaderGuaranteesCallback | None, ckpt_path: str | None) -> list[Callback]:
+def template_callbacks(
+    loaders: LoaderGuaranteesCallback | None, ckpt_path: str | None, progress_bar: bool
+) -> list[Callback]:
     """The callbacks every run gets, in the order they must run (the loaders before the record of them).
 
     Args:
         loaders: The parallel layer's loader callback; ``None`` with ``parallel: null`` (plain Lightning).
         ckpt_path: The checkpoint this process starts from, for the same-checkpoint-on-every-rank check.
+        progress_bar: Add :class:`ProgressBar` (Lightning's rich bar, redrawn at most 10 times a second).
     """
     own: list[Callback] = [loaders] if loaders is not None else []
-    return [*own, RunRecordCallback(loaders), RandomStateCallback(ckpt_path), MonitoredMetricsCheck()]
+    own += [RunRecordCallback(loaders), RandomStateCallback(ckpt_path), MonitoredMetricsCheck()]
+    return [*own, ProgressBar()] if progress_bar else own
