@@ -161,7 +161,13 @@ class ProjectCLI(LightningCLI):
             self.plan = resolve_plan(settings, hardware, detect_environment(), None)
             resolve = partial(resolve_plan, settings, hardware, detect_environment())
             seed = config.get("seed_everything")
-            self.loaders = LoaderGuaranteesCallback(resolve, seed if isinstance(seed, int) else 0)
+            self.loaders = LoaderGuaranteesCallback(resolve, seed if isinstance(seed, int) else 0, self._resuming())
+
+    def _resuming(self) -> dict[str, Any] | None:
+        """The loader callback's state in the chosen checkpoint (its position and global batch size)."""
+        states = (self.chosen.checkpoint or {}).get("callbacks", {}) if self.chosen is not None else {}
+        name = LoaderGuaranteesCallback.__qualname__  # Lightning's state key of a callback without state_key args
+        return states.get(name) if isinstance(states, dict) else None
 
     def _refuse_trainer_overlap(self, parallel: Any) -> None:
         if parallel is None:

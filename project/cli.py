@@ -129,40 +129,60 @@ def refuse_mismatched_checkpoint(chosen: Chosen | None, model: L.LightningModule
         io.preload(chosen.path, chosen.checkpoint)  # Lightning gets it without reading the file again
 
 
-@dataclass(frozen=True)
-class NewFolders:
-    """The run directory and parents that a run will create, and the times of the folder that holds them."""
+def _times(path: Path) -> tuple[int, int]:
+    return path.stat().st_atime_ns, path.stat().st_mtime_ns
 
-    folders: list[Path]
-    parent: Path | None = None
-    parent_times: tuple[int, int] | None = None
+
+@dataclass(frozen=True)
+class RunDirectoryGuard:
+    """What a run directory and its parents looked like before a run, to undo a run that was refused.
+
+    Lightning creates the logger's run directory (and an event file) before any callback's ``setup``, so a
+    refusal inside the Trainer (a global batch that cannot work, a monitor the sanity check does not see)
+    comes after it: :meth:`undo` removes what the refused run added and gives the folders their times back.
+    """
+
+    run_dir: Path | None
+    existed: frozenset[Path] = frozenset()
+    times: tuple[tuple[Path, tuple[int, int]], ...] = ()
 
     @classmethod
-    def of(cls, trainer: L.Trainer) -> NewFolders:
-        """What ``trainer``'s logger will create (nothing when the run directory exists: a resumed run's)."""
+    def of(cls, trainer: L.Trainer) -> RunDirectoryGuard:
+        """The state of ``trainer``'s run directory (``logs/<name>/version_<n>``) and its parents."""
         log_dir = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
         if not log_dir:
-            return cls([])
+            return cls(None)
         run_dir = Path(log_dir)
-        chain = [run_dir, run_dir.parent, run_dir.parent.parent]  # logs/<name>/version_<n>, logs/<name>, logs
-        new = [folder for folder in chain if not folder.exists()]
-        parent = next((folder for folder in chain if folder.exists()), None)
-        times = (parent.stat().st_atime_ns, parent.stat().st_mtime_ns) if parent is not None else None
-        return cls(new, parent, times)
+        chain = (run_dir, run_dir.parent, run_dir.parent.parent)
+        existed = {folder for folder in chain if folder.exists()}
+        if run_dir.exists():  # a resumed run's: keep everything that was there
+            existed |= set(run_dir.rglob("*"))
+        return cls(run_dir, frozenset(existed), tuple((f, _times(f)) for f in chain if f in existed))
 
-    def remove(self) -> None:
-        """Remove them and give the folder that held them its times back: as if the run had never started."""
-        for folder in self.folders:
-            shutil.rmtree(folder, ignore_errors=True)
-        if self.folders and self.parent is not None and self.parent_times is not None:
-            os.utime(self.parent, ns=self.parent_times)
+    def undo(self) -> None:
+        """Remove what the run added, deepest first, and restore the folders' times: as if it never started."""
+        if self.run_dir is None:
+            return
+        chain = (self.run_dir, self.run_dir.parent, self.run_dir.parent.parent)
+        added = [p for p in self.run_dir.rglob("*") if p not in self.existed] if self.run_dir.exists() else []
+        for path in sorted(added, key=lambda p: len(p.parts), reverse=True):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        for folder in chain:
+            if folder not in self.existed:
+                shutil.rmtree(folder, ignore_errors=True)
+        for folder, times in self.times:
+            if folder.exists():
+                os.utime(folder, ns=times)
 
 
 def run_command(command: str, cli: ProjectCLI) -> None:
     """Run ``command`` on the built objects; on failure name the rank, stop the others, clean up a refused run."""
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
     ckpt_path = cli.chosen.path if cli.chosen is not None else None
-    new_folders = NewFolders.of(trainer)
+    guard = RunDirectoryGuard.of(trainer)
     try:
         if command == "fit":
             trainer.fit(model, datamodule=data, ckpt_path=ckpt_path, weights_only=not pickle_allowed())
@@ -177,7 +197,7 @@ def run_command(command: str, cli: ProjectCLI) -> None:
         failure = error_from_worker(error) or explain_rank_failure(error, trainer, timeout_s)
         stop_launched_processes(trainer.strategy)
         if isinstance(failure or error, UserError) and trainer.is_global_zero:
-            new_folders.remove()  # refused before training (e.g. by the sanity check): leave nothing behind
+            guard.undo()  # refused before training (e.g. by the sanity check): leave nothing behind
         if failure is not None:
             raise failure from error
         raise

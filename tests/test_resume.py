@@ -185,3 +185,38 @@ def test_a_corrupt_checkpoint_is_named_and_auto_resume_skips_it(tmp_path, killed
     assert f"warning: skipping checkpoint {RUN}/checkpoints/last.ckpt" in resumed.stderr
     assert f"Resuming from {RUN}/checkpoints/best-00-00019.ckpt (epoch 0, step 19)" in resumed.stderr
     assert checkpoint(tmp_path)["global_step"] > 19
+
+
+# ------------------------------------------------------------------- another number of processes
+# The same global batch (32) at any world size; no dropout or batch norm, so 1 and 2 processes compute the same.
+SAME_GLOBAL = [
+    "--config", FAST, "--model.init_args.net.init_args.dropout", "0", "--model.init_args.net.init_args.batch_norm",
+    "false", "--parallel.global_batch_size", "32", "--trainer.max_epochs", "2", "--trainer.limit_val_batches", "2",
+    "--test_after_fit", "false",
+]  # fmt: skip
+
+
+@pytest.mark.distributed
+def test_a_run_killed_on_two_processes_resumes_on_one_with_the_same_global_batches(tmp_path):
+    two = ["fit", "--config", DIGITS, "--config", CPU_DDP, *SAME_GLOBAL]
+    (tmp_path / "uninterrupted").mkdir()
+    uninterrupted = run_cli(two, tmp_path / "uninterrupted")
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    killed = run_cli([*two, callback("faults.KillAtStep", step=15, rank=1)], tmp_path)
+    assert killed.returncode != 0
+    resumed = run_cli(["fit", "--config", DIGITS, *SAME_GLOBAL, "--resume", "auto"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Resuming from {RUN}/checkpoints/last.ckpt (epoch 0, step 10)" in resumed.stderr
+    assert "checkpoint of 2 process(es) on 1: the data order continues exactly" in resumed.stderr
+    assert_same_weights(checkpoint(tmp_path), checkpoint(tmp_path / "uninterrupted"), atol=1e-5)
+
+
+def test_a_resume_that_changes_the_global_batch_is_refused_in_one_line(tmp_path, uninterrupted_one):
+    shutil.copytree(uninterrupted_one / "logs", tmp_path / "logs")
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / RUN).rglob("*") if p.is_file())
+    result = run_cli([*ONE, "--resume", "auto", "--parallel.global_batch_size", "32"], tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "global batches of 64 samples" in line and "would be 32" in line and "global_batch_size 64" in line
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / RUN).rglob("*") if p.is_file()) == before

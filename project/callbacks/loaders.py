@@ -44,11 +44,16 @@ class LoaderGuaranteesCallback(L.Callback):
     Args:
         resolve_plan: The plan for a given data batch size (the training loader's ``batch_size``).
         run_seed: Seed of the training permutation when the loader has no generator of its own.
+        resuming: This callback's state in the checkpoint the run starts from, if any: checked at
+            ``setup``, before anything is written, against the plan.
     """
 
-    def __init__(self, resolve_plan: Callable[[int | None], Plan], run_seed: int = 0) -> None:
+    def __init__(
+        self, resolve_plan: Callable[[int | None], Plan], run_seed: int = 0, resuming: dict[str, Any] | None = None
+    ) -> None:
         self.resolve_plan = resolve_plan
         self.run_seed = run_seed
+        self.resuming = resuming
         #: The plan with the data batch size applied (after ``setup('fit')``).
         self.plan: Plan | None = None
         #: stage -> what holds for its loaders, for plan.json.
@@ -73,6 +78,7 @@ class LoaderGuaranteesCallback(L.Callback):
             loader = source.train_dataloader()
             # A loader the layer left alone is built again by Lightning, which records its arguments then.
             self._built_train = loader if self.guarantees["training"]["held"] else None
+            self._check_resumable()
         elif self.plan is None:
             self.plan = self.resolve_plan(None)
 
@@ -133,12 +139,29 @@ class LoaderGuaranteesCallback(L.Callback):
         self._position = (trainer.current_epoch, batch_idx + 1)
 
     def state_dict(self) -> dict[str, Any]:
-        """How far into the epoch training got, so a mid-epoch resume skips what was seen."""
+        """How far into the epoch training got (in global batches), and how large they were."""
         epoch, done = self._position
-        return {"epoch": epoch, "batches_done": done}
+        size = self.plan.global_batch_size if self.plan is not None else None
+        return {"epoch": epoch, "batches_done": done, "global_batch_size": size}
+
+    def _check_resumable(self) -> None:
+        """A resumed run must keep the global batch size: the position counts global batches."""
+        saved, plan = (self.resuming or {}).get("global_batch_size"), self.plan
+        if saved is not None and plan is not None and plan.global_batch_size not in (None, saved):
+            raise UserError(
+                f"the checkpoint was trained with global batches of {saved} samples, this run's would be "
+                f"{plan.global_batch_size} ({plan.per_device_batch_size} per process x {plan.world_size}): the "
+                f"data order could not continue; resume with --parallel.global_batch_size {saved}, or start a "
+                "new training from its weights with --model.init_args.weights"
+            )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume mid-epoch: the next training loader starts after the batches already trained on."""
+        """Resume mid-epoch: the next training loader starts after the global batches already trained on.
+
+        Each batch a rank trains on is its slice of one global batch, so the position is the same number
+        at any world size: a run may resume on another number of processes, with the same global batch
+        (checked at ``setup``).
+        """
         if "epoch" in state_dict:
             self._resume_point = (int(state_dict["epoch"]), int(state_dict["batches_done"]))
             self._position = self._resume_point

@@ -13,6 +13,7 @@ It also stops a run whose ranks would resume from different files, e.g. nodes th
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 import lightning as L
@@ -50,6 +51,17 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
+
+
+def derived_seed(step: int, rank: int) -> int:
+    """A seed of its own for each (step, rank), the same whenever a run resumes at that step on that rank."""
+    return (step * 1_000_003 + rank * 7_919 + 1) % 2**32
+
+
+def _seed_all(seed: int) -> None:
+    torch.manual_seed(seed)  # CUDA too
+    np.random.seed(seed)
+    random.seed(seed)
 
 
 def _gather(value: Any, trainer: L.Trainer) -> list[Any]:
@@ -96,9 +108,20 @@ class RandomStateCallback(L.Callback):
         self._to_restore = state_dict.get("rng")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Put this rank's saved generators back, right before the first resumed step."""
+        """Put this rank's saved generators back, right before the first resumed step.
+
+        On another world size there is no saved state per rank: each rank's generators are seeded from
+        the step and the rank instead (the data order does not depend on them: see the loader callback).
+        """
         states, self._to_restore = self._to_restore, None
         if not states:
             return
-        # Same world size: each rank gets its own; otherwise rank 0's, the best available guess.
-        _set_rng_state(states[trainer.global_rank] if len(states) == trainer.world_size else states[0])
+        if len(states) == trainer.world_size:
+            _set_rng_state(states[trainer.global_rank])
+            return
+        _seed_all(derived_seed(trainer.global_step, trainer.global_rank))
+        if trainer.is_global_zero:
+            sys.stderr.write(
+                f"warning: resuming a checkpoint of {len(states)} process(es) on {trainer.world_size}: the data "
+                "order continues exactly; per-rank random state (dropout) is re-derived from the step and the rank\n"
+            )
