@@ -31,7 +31,14 @@ from project.parallel.environment import detect_environment
 from project.parallel.plan import Plan, resolve_plan
 
 # Trainer settings that the plan decides when `parallel` is given.
-PLAN_OWNED_TRAINER_KEYS = ("accelerator", "devices", "strategy", "num_nodes", "sync_batchnorm")
+PLAN_OWNED_TRAINER_KEYS = (
+    "accelerator",
+    "devices",
+    "strategy",
+    "num_nodes",
+    "sync_batchnorm",
+    "accumulate_grad_batches",
+)
 # Options that say how to run this command, not what to train: never saved into the run's config.yaml.
 RUN_OPTIONS = ("ckpt_path", "resume", "test_after_fit", "assume_gpus", "json")
 # LightningCLI warns when it is given args while sys.argv has some; main() passes what it parsed on purpose.

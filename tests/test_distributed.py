@@ -131,3 +131,39 @@ def test_a_late_rank_fails_the_run_naming_it(tmp_path):
     assert "barrier 'setup'" in output and "1" in output.split("barrier 'setup'")[1], output[-3000:]
     # The issue's bound: the run ends within the barrier timeout (10 s) + 30 s, plus process start-up.
     assert elapsed < 10 + 30 + 15, elapsed
+
+
+def test_accumulation_reaches_the_weights_of_the_whole_global_batch(tmp_path):
+    """1 x 32, 1 x (4 micro-batches of 8) and 2 x (2 x 8): one global batch of 32 per step, the same weights."""
+    common = ["fit", "--config", DIGITS, "--config", FAST, "--model.init_args.net.init_args.dropout", "0"]
+    common += ["--model.init_args.net.init_args.batch_norm", "false", "--parallel.global_batch_size", "32"]
+    common += ["--trainer.max_epochs", "1", "--test_after_fit", "false", "--trainer.limit_val_batches", "1"]
+    per_device_8 = ["--parallel.per_device_batch_size", "8"]
+    # (layout config, right after digits.yaml, whose `parallel:` replaces the section; overrides after all)
+    layouts = {
+        "whole": ([], []),
+        "accumulated": ([], per_device_8),
+        "two-accumulated": (["--config", CPU_DDP], per_device_8),
+    }
+    weights, plans = {}, {}
+    for name, (layout, overrides) in layouts.items():
+        cwd = tmp_path / name
+        cwd.mkdir()
+        result = run_cli([*common[:3], *layout, *common[3:], *overrides], cwd)
+        assert result.returncode == 0, result.stderr[-3000:]
+        (run,) = run_dirs(cwd)
+        plans[name] = read_plan(run)
+        checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+        weights[name] = (checkpoint["global_step"], checkpoint["state_dict"])
+    assert [(p["world_size"], p["per_device_batch_size"], p["accumulation"]) for p in plans.values()] == [
+        (1, 32, 1),
+        (1, 8, 4),
+        (2, 8, 2),
+    ]
+    step, whole = weights["whole"]
+    assert step == 1257 // 32
+    for name in ("accumulated", "two-accumulated"):
+        other_step, other = weights[name]
+        assert other_step == step, name
+        for key in whole:
+            torch.testing.assert_close(other[key], whole[key], rtol=1e-5, atol=1e-6, msg=f"{name}: {key}")

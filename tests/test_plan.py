@@ -192,3 +192,51 @@ def test_environment_detection():
     assert (env.launcher, env.world_size, env.local_world_size, env.num_nodes) == ("slurm", 4, 2, 2)
     assert detect_environment({**slurm, "SLURM_JOB_NAME": "bash"}).launcher == "lightning"
     assert detect_environment({}) == LaunchEnvironment(launcher="lightning", external=False)
+
+
+# Any two of (global, per-device, accumulation) decide the third at the world size; the loader's batch fills in.
+# (scenario, global, data batch, world size, per-device, accumulation) -> (per-device, global, accumulation)
+BATCH_MATH = [
+    (("ddp", None, 64, 4, None, None), (64, 256, 1)),
+    (("ddp", 256, 64, 4, 16, None), (16, 256, 4)),
+    (("ddp", 256, 64, 4, None, 2), (32, 256, 2)),
+    (("ddp", None, 64, 4, 16, 4), (16, 256, 4)),
+    (("ddp", 256, 64, 4, 16, 4), (16, 256, 4)),
+    (("cpu", None, 64, 1, None, 4), (64, 256, 4)),
+    (("dp", None, 64, 4, None, None), (16, 64, 1)),
+    (("dp", None, 64, 4, None, 2), (8, 64, 2)),
+]
+
+
+@pytest.mark.parametrize(("given", "expected"), BATCH_MATH)
+def test_batch_math_derives_the_third_number(given, expected):
+    from project.parallel.batch import resolve_batch
+
+    scenario, global_, data, world, per_device, accumulation = given
+    got = resolve_batch(scenario, global_, data, world, per_device, accumulation)
+    assert (got.per_device, got.global_, got.accumulation) == expected
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"global_batch_size": 256, "per_device_batch_size": 24}, ["256", "per_device_batch_size 24", "192 or 288"]),
+        ({"global_batch_size": 100, "accumulation": 3}, ["100", "accumulation 3", "96 or 108"]),
+        (
+            {"global_batch_size": 256, "per_device_batch_size": 16, "accumulation": 2},
+            ["256", "16 x world size 4 x accumulation 2", "give two of the three"],
+        ),
+        ({"accumulation": 0}, ["accumulation=0", ">= 1"]),
+    ],
+)
+def test_batch_math_refuses_what_does_not_divide_with_the_nearest_values(fields, words):
+    with pytest.raises(UserError) as info:
+        plan(0, scenario="cpu", devices=4, **fields)
+    for word in words:
+        assert word in str(info.value), str(info.value)
+
+
+def test_the_plan_owns_the_accumulation_and_says_it():
+    got = plan(0, scenario="cpu", devices=4, global_batch_size=256, per_device_batch_size=16)
+    assert got.trainer_kwargs()["accumulate_grad_batches"] == 4 and got.to_dict()["accumulation"] == 4
+    assert any("4 micro-batches of 16" in note for note in got.notes)

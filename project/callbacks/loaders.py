@@ -103,7 +103,7 @@ class LoaderGuaranteesCallback(L.Callback):
             return loader
         try:
             loader, guarantee = install_training_sampler(
-                loader, per_device, trainer.world_size, trainer.global_rank, self.run_seed
+                loader, per_device, trainer.world_size, trainer.global_rank, self.run_seed, self.plan.accumulation
             )
         except ValueError as error:
             raise UserError(f"data: {error}") from None
@@ -139,14 +139,22 @@ class LoaderGuaranteesCallback(L.Callback):
         self._position = (trainer.current_epoch, batch_idx + 1)
 
     def state_dict(self) -> dict[str, Any]:
-        """How far into the epoch training got (in global batches), and how large they were."""
+        """How far into the epoch training got (in global micro-batches), and how large they were."""
         epoch, done = self._position
-        size = self.plan.global_batch_size if self.plan is not None else None
-        return {"epoch": epoch, "batches_done": done, "global_batch_size": size}
+        plan = self.plan
+        sizes = {"global_batch_size": plan.global_batch_size, "accumulation": plan.accumulation} if plan else {}
+        return {"epoch": epoch, "batches_done": done, **sizes}
 
     def _check_resumable(self) -> None:
-        """A resumed run must keep the global batch size: the position counts global batches."""
+        """A resumed run must keep the global batch and its accumulation: the position counts micro-batches."""
         saved, plan = (self.resuming or {}).get("global_batch_size"), self.plan
+        saved_accumulation = (self.resuming or {}).get("accumulation", 1)
+        if plan is not None and saved is not None and plan.accumulation != saved_accumulation:
+            raise UserError(
+                f"the checkpoint was trained with an accumulation of {saved_accumulation} micro-batches per step, "
+                f"this run's would be {plan.accumulation}: the data position could not continue; resume with "
+                f"--parallel.accumulation {saved_accumulation} and --parallel.global_batch_size {saved}"
+            )
         if saved is not None and plan is not None and plan.global_batch_size not in (None, saved):
             raise UserError(
                 f"the checkpoint was trained with global batches of {saved} samples, this run's would be "

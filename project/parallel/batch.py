@@ -1,4 +1,9 @@
-"""The batch math in one place: per-device batch x world size = global batch."""
+"""The batch math in one place: per-device batch x world size x accumulation = global batch.
+
+Any two of (global batch, per-device batch, accumulation) decide the third, at the plan's world size;
+what is not given comes from the training loader's own ``batch_size`` (per device under ddp/cpu, global
+under dp) and an accumulation of 1.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,14 @@ from project.errors import UserError
 
 @dataclass(frozen=True)
 class BatchSizes:
-    """Samples per process per step and over all processes (``None`` while the data batch is unknown)."""
+    """Samples per micro-batch on one process, per optimizer step over all processes, and micro-batches per step.
+
+    ``per_device`` and ``global_`` are ``None`` while the data batch is unknown and nothing decides them.
+    """
 
     per_device: int | None
     global_: int | None
+    accumulation: int = 1
 
 
 def nearest_multiples(value: int, step: int) -> list[int]:
@@ -21,26 +30,66 @@ def nearest_multiples(value: int, step: int) -> list[int]:
     return [m for m in (below, below + step) if m > 0]
 
 
-def resolve_batch(
-    scenario: str, global_batch_size: int | None, data_batch_size: int | None, world_size: int
-) -> BatchSizes:
-    """(per-device, global) batch sizes; dp reads the data batch size as global, the others as per device.
+def _split(global_: int, parts: int, name: str, what: str) -> int:
+    """``global_ / parts``, or a one-line error with the nearest values that divide."""
+    if global_ % parts:
+        valid = " or ".join(str(m) for m in nearest_multiples(global_, parts))
+        raise UserError(f"{name}={global_} does not divide by {what}; use {valid}, or change devices")
+    return global_ // parts
 
-    ``data_batch_size`` is the batch size of the training loader the datamodule returns.
+
+def resolve_batch(
+    scenario: str,
+    global_batch_size: int | None,
+    data_batch_size: int | None,
+    world_size: int,
+    per_device_batch_size: int | None = None,
+    accumulation: int | None = None,
+) -> BatchSizes:
+    """(per-device, global, accumulation) from what was given; dp reads the data batch size as global.
+
+    Args:
+        scenario: The resolved scenario (``dp`` splits the data batch instead of multiplying it).
+        global_batch_size: ``parallel.global_batch_size``.
+        data_batch_size: The batch size of the training loader the datamodule returns.
+        world_size: Processes of the job.
+        per_device_batch_size: ``parallel.per_device_batch_size``: what fits on one device.
+        accumulation: ``parallel.accumulation``: micro-batches per optimizer step.
 
     Raises:
-        UserError: a size below 1, or a global batch that does not divide by the world size.
+        UserError: a size below 1, numbers that do not divide, or three numbers that disagree.
     """
-    for name, value in (("parallel.global_batch_size", global_batch_size), ("data batch_size", data_batch_size)):
+    given = (
+        ("parallel.global_batch_size", global_batch_size),
+        ("parallel.per_device_batch_size", per_device_batch_size),
+        ("parallel.accumulation", accumulation),
+        ("data batch_size", data_batch_size),
+    )
+    for name, value in given:
         if value is not None and value < 1:
             raise UserError(f"{name}={value} must be >= 1")
-    target = global_batch_size if global_batch_size is not None else (data_batch_size if scenario == "dp" else None)
-    if target is None:
-        return BatchSizes(data_batch_size, None if data_batch_size is None else data_batch_size * world_size)
-    if target % world_size:
-        valid = " or ".join(str(m) for m in nearest_multiples(target, world_size))
-        name = "parallel.global_batch_size" if global_batch_size is not None else "data batch_size (global under dp)"
-        raise UserError(
-            f"{name}={target} does not divide by the world size {world_size}; use {valid}, or change devices"
+    from_data = global_batch_size is None and scenario == "dp" and per_device_batch_size is None
+    if from_data:
+        global_batch_size = data_batch_size  # DataParallel's meaning: the loader's batch is split
+    if global_batch_size is None:
+        per_device = per_device_batch_size if per_device_batch_size is not None else data_batch_size
+        accumulation = accumulation or 1
+        return BatchSizes(
+            per_device, None if per_device is None else per_device * world_size * accumulation, accumulation
         )
-    return BatchSizes(target // world_size, target)
+    name = "data batch_size (global under dp)" if from_data else "parallel.global_batch_size"
+    if per_device_batch_size is not None and accumulation is not None:
+        if per_device_batch_size * world_size * accumulation != global_batch_size:
+            raise UserError(
+                f"parallel.global_batch_size={global_batch_size} is not per_device_batch_size "
+                f"{per_device_batch_size} x world size {world_size} x accumulation {accumulation} "
+                f"(= {per_device_batch_size * world_size * accumulation}); give two of the three"
+            )
+        return BatchSizes(per_device_batch_size, global_batch_size, accumulation)
+    if per_device_batch_size is not None:
+        per_step = per_device_batch_size * world_size
+        what = f"per_device_batch_size {per_device_batch_size} x world size {world_size} = {per_step}"
+        return BatchSizes(per_device_batch_size, global_batch_size, _split(global_batch_size, per_step, name, what))
+    accumulation = accumulation or 1
+    what = f"the world size {world_size}" + (f" x accumulation {accumulation}" if accumulation > 1 else "")
+    return BatchSizes(_split(global_batch_size, world_size * accumulation, name, what), global_batch_size, accumulation)

@@ -24,6 +24,10 @@ class ParallelConfig:
         num_nodes: Machines in the job; ``None`` means 1, or what the launcher says.
         global_batch_size: Samples per optimizer step over all processes; ``None`` keeps the data
             batch size (the training loader's ``batch_size``: per device for ddp/cpu, global for dp).
+        per_device_batch_size: Samples per micro-batch on one device (what fits in its memory); with
+            ``global_batch_size`` it decides the accumulation.
+        accumulation: Micro-batches per optimizer step (gradient accumulation; the all-reduce runs on
+            the last one only). Any two of global, per-device and accumulation decide the third.
         backend: auto (nccl on GPUs, gloo on CPU) | nccl | gloo.
         broadcast_buffers: The seed's DDP flag: copy rank 0's buffers (BatchNorm statistics) to
             every rank at each forward. The seed sets it False.
@@ -37,6 +41,8 @@ class ParallelConfig:
     devices: int | list[int] | str | None = None
     num_nodes: int | None = None
     global_batch_size: int | None = None
+    per_device_batch_size: int | None = None
+    accumulation: int | None = None
     backend: Backend = "auto"
     broadcast_buffers: bool = True
     sync_batchnorm: bool = False

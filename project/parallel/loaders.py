@@ -81,7 +81,7 @@ def shuffle_seed(loader: DataLoader, run_seed: int) -> int:
 
 
 def install_training_sampler(
-    loader: Any, per_device_batch_size: int, world_size: int, rank: int, run_seed: int
+    loader: Any, per_device_batch_size: int, world_size: int, rank: int, run_seed: int, accumulation: int = 1
 ) -> tuple[Any, Guarantee]:
     """The training loader with world-size-invariant global batches, or ``loader`` unchanged and why.
 
@@ -101,9 +101,12 @@ def install_training_sampler(
         rank=rank,
         shuffle=shuffle,
         seed=shuffle_seed(loader, run_seed),
+        accumulation=accumulation,
     )
+    times = f" x accumulation {accumulation}" if accumulation > 1 else ""
     detail = (
-        f"global batches of {sampler.global_batch_size} ({per_device_batch_size} per process x {world_size}), "
+        f"global batches of {sampler.global_batch_size * accumulation} "
+        f"({per_device_batch_size} per process x {world_size}{times}), "
         f"{'shuffled' if shuffle else 'in order'} with seed {sampler.seed}, the same at any world size"
     )
     return _rebuild(loader, sampler, per_device_batch_size), Guarantee(True, detail)

@@ -44,6 +44,7 @@ class Plan:
     world_size: int
     per_device_batch_size: int | None
     global_batch_size: int | None
+    accumulation: int
     backend: str | None
     launcher: str
     launch: dict[str, Any]
@@ -66,6 +67,7 @@ class Plan:
             "num_nodes": self.num_nodes,
             "strategy": STRATEGIES[self.strategy].build(self.strategy_args, self.backend),
             "sync_batchnorm": self.sync_batchnorm,
+            "accumulate_grad_batches": self.accumulation,
         }
 
 
@@ -103,7 +105,14 @@ def resolve_plan(
     if config.timeout_s <= 0:
         raise UserError(f"parallel.timeout_s={config.timeout_s} must be > 0 seconds")
     backend = _backend(config, layout)
-    batch = resolve_batch(layout.scenario, config.global_batch_size, data_batch_size, layout.world_size)
+    batch = resolve_batch(
+        layout.scenario,
+        config.global_batch_size,
+        data_batch_size,
+        layout.world_size,
+        config.per_device_batch_size,
+        config.accumulation,
+    )
     external = environment.external
     start_method = "fork" if is_interactive() and not external else "popen"
     strategy = strategy_name(layout.scenario, layout.world_size)
@@ -112,6 +121,11 @@ def resolve_plan(
         notes.append(
             "dp runs as DDP (Lightning removed DataParallel): one process per GPU instead of threads; "
             f"the global batch {batch.global_} is split into {batch.per_device} per GPU, as DataParallel's scatter did"
+        )
+    if batch.accumulation > 1:
+        notes.append(
+            f"gradient accumulation: {batch.accumulation} micro-batches of {batch.per_device} per process make one "
+            f"optimizer step of {batch.global_}; DDP all-reduces on the last micro-batch only"
         )
     if layout.world_size > 1 and not config.broadcast_buffers:
         notes.append("broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs")
@@ -128,6 +142,7 @@ def resolve_plan(
         world_size=layout.world_size,
         per_device_batch_size=batch.per_device,
         global_batch_size=batch.global_,
+        accumulation=batch.accumulation,
         backend=backend,
         launcher=environment.launcher if (external or layout.world_size > 1) else "none",
         launch=launch,

@@ -35,6 +35,7 @@ class GlobalBatchSampler(DistributedSampler):
         rank: Global rank of this process.
         shuffle: Reshuffle every epoch (seeded by ``seed + epoch``).
         seed: Base seed of the permutation; the same on every rank.
+        accumulation: Micro-batches per optimizer step: an epoch ends after whole optimizer steps only.
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class GlobalBatchSampler(DistributedSampler):
         rank: int = 0,
         shuffle: bool = True,
         seed: int = 0,
+        accumulation: int = 1,
     ) -> None:
         _check_rank(num_replicas, rank)
         if batch_size < 1:
@@ -52,11 +54,14 @@ class GlobalBatchSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
         self.batch_size = batch_size
         self.global_batch_size = batch_size * num_replicas
-        self.num_global_batches = len(dataset) // self.global_batch_size
+        step = self.global_batch_size * accumulation  # samples per optimizer step
+        # Global micro-batches of the epoch, whole optimizer steps only (the same at any world size).
+        self.num_global_batches = len(dataset) // step * accumulation
         if self.num_global_batches == 0:
+            times = f" x accumulation {accumulation}" if accumulation > 1 else ""
             raise ValueError(
                 f"the dataset has {len(dataset)} samples, fewer than one global batch of "
-                f"{self.global_batch_size} ({batch_size} x {num_replicas} processes); lower the batch size"
+                f"{step} ({batch_size} x {num_replicas} processes{times}); lower the batch size"
             )
         # (epoch, global batches already trained on) from a mid-epoch checkpoint; used once.
         self.resume_point: tuple[int, int] | None = None
