@@ -126,6 +126,10 @@ CASES = {
     "batch-larger-than-the-dataset": Case(
         ("fit", *BASE, "--data.init_args.batch_size", "100000"), ("1257 samples", "one global batch of 100000")
     ),
+    "accumulation-does-not-divide": Case(
+        ("fit", *BASE, "--parallel.global_batch_size", "100", "--parallel.accumulation", "3"),
+        ("global_batch_size=100", "accumulation 3", "99 or 102"),
+    ),
     "refused-in-a-forked-rank": Case(
         ("fit", *BASE, "--config", FORK, "--data.init_args.batch_size", "100000"), ("1257 samples", "2 processes")
     ),

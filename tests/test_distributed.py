@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -139,11 +140,13 @@ def test_accumulation_reaches_the_weights_of_the_whole_global_batch(tmp_path):
     common += ["--model.init_args.net.init_args.batch_norm", "false", "--parallel.global_batch_size", "32"]
     common += ["--trainer.max_epochs", "1", "--test_after_fit", "false", "--trainer.limit_val_batches", "1"]
     per_device_8 = ["--parallel.per_device_batch_size", "8"]
+    syncs = tmp_path / "syncs.txt"
+    recorder = json.dumps({"class_path": "user_code.SyncRecorder", "init_args": {"path": str(syncs)}})
     # (layout config, right after digits.yaml, whose `parallel:` replaces the section; overrides after all)
     layouts = {
         "whole": ([], []),
         "accumulated": ([], per_device_8),
-        "two-accumulated": (["--config", CPU_DDP], per_device_8),
+        "two-accumulated": (["--config", CPU_DDP], [*per_device_8, f"--trainer.callbacks+={recorder}"]),
     }
     weights, plans = {}, {}
     for name, (layout, overrides) in layouts.items():
@@ -162,6 +165,8 @@ def test_accumulation_reaches_the_weights_of_the_whole_global_batch(tmp_path):
     ]
     step, whole = weights["whole"]
     assert step == 1257 // 32
+    # DDP skipped the all-reduce on the first micro-batch of every step (Lightning's no_sync path).
+    assert syncs.read_text().split() == ["False", "True"] * step
     for name in ("accumulated", "two-accumulated"):
         other_step, other = weights[name]
         assert other_step == step, name

@@ -103,3 +103,21 @@ class MisdescribedNet(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Logits (of the wrong width, which no test gets to see)."""
         return self.layer(x)
+
+
+class SyncRecorder(L.Callback):
+    """Write, per micro-batch, whether DDP will all-reduce its gradients (``False`` inside ``no_sync``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.syncs: list[bool] = []
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Tensor) -> None:
+        """DDP's own flag, as its backward will read it."""
+        self.syncs.append(bool(getattr(trainer.strategy.model, "require_backward_grad_sync", True)))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Rank 0 writes the flags, one per line."""
+        if trainer.is_global_zero:
+            with open(self.path, "w") as handle:
+                handle.write("\n".join(str(sync) for sync in self.syncs) + "\n")
