@@ -215,6 +215,8 @@ class ProjectCLI(LightningCLI):
         if trainer_config.get("profiler") is None and not trainer_config.get("barebones"):
             kwargs["profiler"] = NoProfiler()  # Lightning's default without its per-hook cost
         chosen = self.chosen.path if self.chosen is not None else None
-        own = template_callbacks(self.loaders, chosen, wants_template_progress_bar(trainer_config))
+        settings = self.plan_inputs[0] if self.plan_inputs is not None else None
+        learning_rate = settings is not None and (settings.lr_scaling != "none" or settings.warmup_steps > 0)
+        own = template_callbacks(self.loaders, chosen, wants_template_progress_bar(trainer_config), learning_rate)
         kwargs["callbacks"] = [*_listed(trainer_config.get("callbacks")), *own]
         return super().instantiate_trainer(**kwargs)

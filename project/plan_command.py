@@ -41,6 +41,10 @@ def resolve_for_plan(cli: ProjectCLI) -> Plan:
 def print_plan(cli: ProjectCLI) -> None:
     """Print the plan as a table, or as one JSON object with ``--json``."""
     data = resolve_for_plan(cli).to_dict()
+    configured = (cli.config.get("optimizer") or {}).get("init_args", {}).get("lr")
+    factor = data["learning_rate"]["factor"]
+    if isinstance(configured, (int, float)) and factor is not None:
+        data["learning_rate"]["lr"] = {"configured": configured, "scaled": configured * factor}
     if cli.config.get("parallel") is None:
         data["notes"] = [*data["notes"], "no parallel section: this is what `parallel.scenario: auto` would do"]
     if cli.config.get("json"):

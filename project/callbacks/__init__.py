@@ -5,8 +5,9 @@ Two kinds, each installed one way:
 - chosen in the config (``trainer.callbacks``): :class:`BarrierCallback`, :class:`UnwrapEvalCallback`,
   :class:`NonFiniteLossCallback`, :class:`PredictionsWriter`, and any progress bar;
 - the template's own, on every run, from :func:`template_callbacks`: the loader guarantees, ``plan.json``,
-  every rank's random state, the monitored-metric check, and :class:`ProgressBar` unless the config
-  names a progress bar or turns it off.
+  every rank's random state, the monitored-metric check, the learning-rate scaling and warmup when the
+  ``parallel`` section asks for them, and :class:`ProgressBar` unless the config names a progress bar or
+  turns it off.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from lightning import Callback
 
 from project.callbacks.barrier import BarrierCallback
 from project.callbacks.checks import MonitoredMetricsCheck
+from project.callbacks.learning_rate import LearningRateCallback
 from project.callbacks.loaders import LoaderGuaranteesCallback
 from project.callbacks.nonfinite import NonFiniteLossCallback
 from project.callbacks.predictions import PredictionsWriter
@@ -25,6 +27,7 @@ from project.callbacks.unwrap import UnwrapEvalCallback
 
 __all__ = [
     "BarrierCallback",
+    "LearningRateCallback",
     "LoaderGuaranteesCallback",
     "MonitoredMetricsCheck",
     "NonFiniteLossCallback",
@@ -38,7 +41,7 @@ __all__ = [
 
 
 def template_callbacks(
-    loaders: LoaderGuaranteesCallback | None, ckpt_path: str | None, progress_bar: bool
+    loaders: LoaderGuaranteesCallback | None, ckpt_path: str | None, progress_bar: bool, learning_rate: bool = False
 ) -> list[Callback]:
     """The callbacks every run gets, in the order they must run (the loaders before the record of them).
 
@@ -46,7 +49,10 @@ def template_callbacks(
         loaders: The parallel layer's loader callback; ``None`` with ``parallel: null`` (plain Lightning).
         ckpt_path: The checkpoint this process starts from, for the same-checkpoint-on-every-rank check.
         progress_bar: Add :class:`ProgressBar` (Lightning's rich bar, redrawn at most 10 times a second).
+        learning_rate: Add :class:`LearningRateCallback` (the plan scales or warms up the learning rate).
     """
     own: list[Callback] = [loaders] if loaders is not None else []
+    if learning_rate and loaders is not None:
+        own.append(LearningRateCallback(loaders))
     own += [RunRecordCallback(loaders), RandomStateCallback(ckpt_path), MonitoredMetricsCheck()]
     return [*own, ProgressBar()] if progress_bar else own

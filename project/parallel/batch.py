@@ -93,3 +93,22 @@ def resolve_batch(
     accumulation = accumulation or 1
     what = f"the world size {world_size}" + (f" x accumulation {accumulation}" if accumulation > 1 else "")
     return BatchSizes(_split(global_batch_size, world_size * accumulation, name, what), global_batch_size, accumulation)
+
+
+def lr_factor(rule: str, global_batch_size: int | None, reference_batch_size: int | None) -> float | None:
+    """The learning-rate multiplier of ``rule`` (none | linear | sqrt); ``None`` while the global batch is unknown.
+
+    Raises:
+        UserError: a rule without a reference batch size, or sizes below 1.
+    """
+    if rule == "none":
+        return 1.0
+    if reference_batch_size is None or reference_batch_size < 1:
+        raise UserError(
+            f"parallel.lr_scaling={rule!r} needs parallel.reference_batch_size >= 1 (the global batch the learning "
+            f"rate was tuned for), got {reference_batch_size}"
+        )
+    if global_batch_size is None:
+        return None
+    ratio = global_batch_size / reference_batch_size
+    return ratio if rule == "linear" else ratio**0.5

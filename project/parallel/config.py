@@ -7,6 +7,7 @@ from typing import Literal, get_args
 
 Scenario = Literal["auto", "cpu", "single", "dp", "ddp", "fork"]
 Backend = Literal["auto", "nccl", "gloo"]
+LrScaling = Literal["none", "linear", "sqrt"]
 SCENARIOS: tuple[str, ...] = get_args(Scenario)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 
@@ -28,6 +29,11 @@ class ParallelConfig:
             ``global_batch_size`` it decides the accumulation.
         accumulation: Micro-batches per optimizer step (gradient accumulation; the all-reduce runs on
             the last one only). Any two of global, per-device and accumulation decide the third.
+        lr_scaling: none | linear | sqrt: multiply the optimizer's learning rates by
+            ``global_batch_size / reference_batch_size`` (or its square root), so the same config trains
+            alike with another global batch.
+        reference_batch_size: The global batch the learning rate was tuned for (needed by ``lr_scaling``).
+        warmup_steps: Optimizer steps over which the learning rate rises linearly to its (scaled) value.
         backend: auto (nccl on GPUs, gloo on CPU) | nccl | gloo.
         broadcast_buffers: The seed's DDP flag: copy rank 0's buffers (BatchNorm statistics) to
             every rank at each forward. The seed sets it False.
@@ -43,6 +49,9 @@ class ParallelConfig:
     global_batch_size: int | None = None
     per_device_batch_size: int | None = None
     accumulation: int | None = None
+    lr_scaling: LrScaling = "none"
+    reference_batch_size: int | None = None
+    warmup_steps: int = 0
     backend: Backend = "auto"
     broadcast_buffers: bool = True
     sync_batchnorm: bool = False

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from project.errors import UserError
-from project.parallel.batch import resolve_batch
+from project.parallel.batch import lr_factor, resolve_batch
 from project.parallel.config import BACKENDS, Hardware, ParallelConfig
 from project.parallel.environment import LaunchEnvironment, describe_launch
 from project.parallel.layout import LaunchMismatchError, Layout, resolve_layout
@@ -45,6 +45,7 @@ class Plan:
     per_device_batch_size: int | None
     global_batch_size: int | None
     accumulation: int
+    learning_rate: dict[str, Any]
     backend: str | None
     launcher: str
     launch: dict[str, Any]
@@ -122,6 +123,14 @@ def resolve_plan(
             "dp runs as DDP (Lightning removed DataParallel): one process per GPU instead of threads; "
             f"the global batch {batch.global_} is split into {batch.per_device} per GPU, as DataParallel's scatter did"
         )
+    if config.warmup_steps < 0:
+        raise UserError(f"parallel.warmup_steps={config.warmup_steps} must be >= 0")
+    factor = lr_factor(config.lr_scaling, batch.global_, config.reference_batch_size)
+    if config.lr_scaling != "none" and factor is not None:
+        notes.append(
+            f"learning rates x {factor:g} ({config.lr_scaling}: global batch {batch.global_} against the "
+            f"reference {config.reference_batch_size})"
+        )
     if batch.accumulation > 1:
         notes.append(
             f"gradient accumulation: {batch.accumulation} micro-batches of {batch.per_device} per process make one "
@@ -143,6 +152,12 @@ def resolve_plan(
         per_device_batch_size=batch.per_device,
         global_batch_size=batch.global_,
         accumulation=batch.accumulation,
+        learning_rate={
+            "scaling": config.lr_scaling,
+            "reference_batch_size": config.reference_batch_size,
+            "factor": factor,
+            "warmup_steps": config.warmup_steps,
+        },
         backend=backend,
         launcher=environment.launcher if (external or layout.world_size > 1) else "none",
         launch=launch,

@@ -1,0 +1,79 @@
+"""The plan's learning-rate scaling and warmup, applied to whatever optimizers and schedulers the run built.
+
+Scaling multiplies every param group's learning rate, and every scheduler's base rates, once, at
+``on_fit_start``: after the optimizers and schedulers exist and before a resumed run restores their
+state (which then carries the scaled rates, so nothing is scaled twice). Warmup multiplies the rate of
+each of the first ``warmup_steps`` optimizer steps by ``(step + 1) / warmup_steps`` and puts the
+scheduled rate back right after the step, so schedulers keep computing from their own values. Both are
+in optimizer steps of the global batch, which are the same at any world size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+
+from project.callbacks.loaders import LoaderGuaranteesCallback
+
+
+class LearningRateCallback(L.Callback):
+    """Scale the learning rates by the plan's factor, warm them up, and log ``train/lr`` on logging steps.
+
+    Args:
+        loaders: The loader callback, whose plan (resolved with the data batch size) holds the factor.
+    """
+
+    def __init__(self, loaders: LoaderGuaranteesCallback) -> None:
+        self.loaders = loaders
+        self._scheduled: tuple[torch.optim.Optimizer, list[float]] | None = None
+        self._used: float | None = None
+
+    def _settings(self) -> dict[str, Any]:
+        plan = self.loaders.plan
+        return plan.learning_rate if plan is not None else {}
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Multiply every learning rate by the plan's factor (before a resumed run restores its own)."""
+        factor = self._settings().get("factor") or 1.0
+        if factor == 1.0:
+            return
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] *= factor
+                if "initial_lr" in group:  # what a scheduler built on this optimizer starts from
+                    group["initial_lr"] *= factor
+        for config in trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            scheduler.base_lrs = [lr * factor for lr in getattr(scheduler, "base_lrs", [])]
+            if hasattr(scheduler, "_last_lr"):
+                scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """During warmup, this step runs at ``(step + 1) / warmup_steps`` of the scheduled rate."""
+        warmup = self._settings().get("warmup_steps") or 0
+        groups = optimizer.param_groups
+        self._used = float(groups[0]["lr"])
+        if trainer.global_step >= warmup:
+            return
+        fraction = (trainer.global_step + 1) / warmup
+        self._scheduled = (optimizer, [group["lr"] for group in groups])
+        for group in groups:
+            group["lr"] *= fraction
+        self._used = float(groups[0]["lr"])
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Put the scheduled rates back; log the rate this step used on the steps the logger writes."""
+        if self._scheduled is not None:
+            optimizer, scheduled = self._scheduled
+            for group, lr in zip(optimizer.param_groups, scheduled):
+                group["lr"] = lr
+            self._scheduled = None
+        every = trainer.log_every_n_steps
+        if self._used is not None and (not every or trainer.global_step % every == 0 or trainer.should_stop):
+            pl_module.log("train/lr", self._used, on_step=True, on_epoch=False)
