@@ -1,12 +1,14 @@
-"""Issue 13's batch math from the command line: learning-rate scaling and warmup, accumulation in `plan`."""
+"""Issue 13 from the command line: learning-rate scaling and warmup, accumulation in `plan`, and random
+augmentation that is the same at any world size and number of loader workers."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
-from helpers import DIGITS, FAST, read_plan, read_scalars, run_cli, run_dirs
+from helpers import CPU_DDP, DIGITS, FAST, read_plan, read_scalars, run_cli, run_dirs
 
 
 def test_the_learning_rate_is_scaled_warmed_up_and_logged(tmp_path):
@@ -38,3 +40,27 @@ def test_plan_shows_the_accumulation_a_capped_device_batch_needs(tmp_path):
     assert plan["learning_rate"]["factor"] == 2.0
     assert plan["learning_rate"]["lr"] == {"configured": 0.003, "scaled": 0.006}
     assert any("4 micro-batches of 32" in note for note in plan["notes"])
+
+
+@pytest.mark.distributed
+def test_seeded_augmentation_is_the_same_at_any_world_size_and_number_of_workers(tmp_path):
+    common = ["--data.class_path", "user_code.AugmentedDigits", "--parallel.global_batch_size", "32"]
+    common += ["--model.init_args.net.init_args.dropout", "0", "--model.init_args.net.init_args.batch_norm", "false"]
+    common += ["--trainer.max_epochs", "2", "--test_after_fit", "false", "--trainer.limit_val_batches", "1"]
+    plain = ["--data.class_path", "user_code.PlainDigits"]  # the same data, not augmented
+    weights = []
+    for name, layout, data in (
+        ("one", [], ["--data.init_args.workers", "0"]),
+        ("two", ["--config", CPU_DDP], ["--data.init_args.workers", "1"]),
+        ("unaugmented", [], plain),
+    ):
+        cwd = tmp_path / name
+        cwd.mkdir()
+        result = run_cli(["fit", "--config", DIGITS, *layout, "--config", FAST, *common, *data], cwd)
+        assert result.returncode == 0, result.stderr[-3000:]
+        (run,) = run_dirs(cwd)
+        weights.append(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
+    one, two, unaugmented = weights
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert not torch.allclose(one["net.layers.0.weight"], unaugmented["net.layers.0.weight"], atol=1e-4)

@@ -196,19 +196,38 @@ SAME_GLOBAL = [
 ]  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def uninterrupted_same_global(tmp_path_factory) -> Path:
+    """The reference: one process, the same global batches (world-size invariant, so any layout's weights)."""
+    cwd = tmp_path_factory.mktemp("uninterrupted_same_global")
+    result = run_cli(["fit", "--config", DIGITS, *SAME_GLOBAL], cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return cwd
+
+
 @pytest.mark.distributed
-def test_a_run_killed_on_two_processes_resumes_on_one_with_the_same_global_batches(tmp_path):
-    two = ["fit", "--config", DIGITS, "--config", CPU_DDP, *SAME_GLOBAL]
-    (tmp_path / "uninterrupted").mkdir()
-    uninterrupted = run_cli(two, tmp_path / "uninterrupted")
-    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
-    killed = run_cli([*two, callback("faults.KillAtStep", step=15, rank=1)], tmp_path)
+@pytest.mark.parametrize(
+    ("killed_on", "resumed_on"),
+    [(2, 1), pytest.param(4, 2, marks=pytest.mark.slow)],
+    ids=["2-then-1", "4-then-2"],
+)
+def test_a_run_killed_mid_epoch_resumes_on_another_number_of_processes(
+    tmp_path, uninterrupted_same_global, killed_on, resumed_on
+):
+    def layout(processes: int) -> list[str]:
+        return ["--config", CPU_DDP, "--parallel.devices", str(processes)] if processes > 1 else []
+
+    def fit(processes: int, *extra: str):
+        # The layout config goes right after digits.yaml: its `parallel:` section replaces the whole section.
+        return run_cli(["fit", "--config", DIGITS, *layout(processes), *SAME_GLOBAL, *extra], tmp_path)
+
+    killed = fit(killed_on, callback("faults.KillAtStep", step=15, rank=killed_on - 1))
     assert killed.returncode != 0
-    resumed = run_cli(["fit", "--config", DIGITS, *SAME_GLOBAL, "--resume", "auto"], tmp_path)
+    resumed = fit(resumed_on, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resuming from {RUN}/checkpoints/last.ckpt (epoch 0, step 10)" in resumed.stderr
-    assert "checkpoint of 2 process(es) on 1: the data order continues exactly" in resumed.stderr
-    assert_same_weights(checkpoint(tmp_path), checkpoint(tmp_path / "uninterrupted"), atol=1e-5)
+    assert f"checkpoint of {killed_on} process(es) on {resumed_on}: the data order continues exactly" in resumed.stderr
+    assert_same_weights(checkpoint(tmp_path), checkpoint(uninterrupted_same_global), atol=1e-5)
 
 
 def test_a_resume_that_changes_the_global_batch_is_refused_in_one_line(tmp_path, uninterrupted_one):

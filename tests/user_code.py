@@ -4,6 +4,7 @@
   is not called ``batch_size``, and an odd-sized test split (45 samples), as issue 11 found them.
 - :class:`StreamedDigits`: the same data as an IterableDataset, where the layer cannot install its samplers.
 - :class:`ModelAttributeClassifier`: a LightningModule that keeps its network at ``.model``.
+- :class:`AugmentedDigits`: random augmentation per (seed, epoch, sample), loaded by worker processes.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import lightning as L
+import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from project.data.arrays import load_digits_tensors
+from project.data.augment import SeededAugmentation
 
 
 def digits_parts(test_size: int = 45, val_size: int = 45) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
@@ -121,3 +124,22 @@ class SyncRecorder(L.Callback):
         if trainer.is_global_zero:
             with open(self.path, "w") as handle:
                 handle.write("\n".join(str(sync) for sync in self.syncs) + "\n")
+
+
+def add_noise(sample: tuple[Tensor, Tensor], generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Random augmentation drawn from the sample's own generator."""
+    x, y = sample
+    return x + 0.1 * torch.randn(x.shape, generator=generator), y
+
+
+class AugmentedDigits(PlainDigits):
+    """:class:`PlainDigits` with noise on every training sample, seeded per (seed, epoch, sample)."""
+
+    def __init__(self, bs: int = 16, test_size: int = 45, workers: int = 0) -> None:
+        super().__init__(bs, test_size)
+        self.workers = workers
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled, augmented, loaded by ``workers`` processes."""
+        augmented = SeededAugmentation(self.train, add_noise, seed=7)
+        return DataLoader(augmented, batch_size=self.bs, shuffle=True, num_workers=self.workers)

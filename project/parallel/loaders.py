@@ -18,6 +18,7 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
+from project.data.augment import SeededAugmentation
 from project.parallel.sampling import EvalShardSampler, GlobalBatchSampler
 
 
@@ -102,6 +103,7 @@ def install_training_sampler(
         shuffle=shuffle,
         seed=shuffle_seed(loader, run_seed),
         accumulation=accumulation,
+        with_epoch=isinstance(loader.dataset, SeededAugmentation),
     )
     times = f" x accumulation {accumulation}" if accumulation > 1 else ""
     detail = (

@@ -19,6 +19,8 @@ from collections.abc import Iterator, Sized
 import torch
 from torch.utils.data import DistributedSampler
 
+from project.data.augment import EpochIndex
+
 
 def _check_rank(num_replicas: int, rank: int) -> None:
     if num_replicas < 1 or not 0 <= rank < num_replicas:
@@ -36,6 +38,8 @@ class GlobalBatchSampler(DistributedSampler):
         shuffle: Reshuffle every epoch (seeded by ``seed + epoch``).
         seed: Base seed of the permutation; the same on every rank.
         accumulation: Micro-batches per optimizer step: an epoch ends after whole optimizer steps only.
+        with_epoch: Yield ``EpochIndex(epoch, index)`` instead of ``index``, for a dataset whose samples
+            draw their randomness from (seed, epoch, index) (:class:`project.data.augment.SeededAugmentation`).
     """
 
     def __init__(
@@ -47,12 +51,14 @@ class GlobalBatchSampler(DistributedSampler):
         shuffle: bool = True,
         seed: int = 0,
         accumulation: int = 1,
+        with_epoch: bool = False,
     ) -> None:
         _check_rank(num_replicas, rank)
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
         self.batch_size = batch_size
+        self.with_epoch = with_epoch
         self.global_batch_size = batch_size * num_replicas
         step = self.global_batch_size * accumulation  # samples per optimizer step
         # Global micro-batches of the epoch, whole optimizer steps only (the same at any world size).
@@ -78,13 +84,14 @@ class GlobalBatchSampler(DistributedSampler):
         generator.manual_seed(self.seed + self.epoch)
         return torch.randperm(len(self.dataset), generator=generator)
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[int | EpochIndex]:
         """Yield this rank's indices, global batch after global batch."""
         order = self._order()
         skip, self.resume_point = self._skip(), None
         start, stop = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
         for k in range(skip, self.num_global_batches):
-            yield from order[k * self.global_batch_size :][start:stop].tolist()
+            indices = order[k * self.global_batch_size :][start:stop].tolist()
+            yield from (EpochIndex(self.epoch, i) for i in indices) if self.with_epoch else indices
 
     def __len__(self) -> int:
         """Samples of a whole epoch on this rank, also while a resumed epoch skips its first batches.
