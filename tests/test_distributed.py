@@ -135,18 +135,19 @@ def test_a_late_rank_fails_the_run_naming_it(tmp_path):
 
 
 def test_accumulation_reaches_the_weights_of_the_whole_global_batch(tmp_path):
-    """1 x 32, 1 x (4 micro-batches of 8) and 2 x (2 x 8): one global batch of 32 per step, the same weights."""
+    """1 x 64, 2 x 32, 1 x (4 micro-batches of 16), 2 x (2 x 16): one global batch of 64 per step, the same weights."""
     common = ["fit", "--config", DIGITS, "--config", FAST, "--model.init_args.net.init_args.dropout", "0"]
-    common += ["--model.init_args.net.init_args.batch_norm", "false", "--parallel.global_batch_size", "32"]
+    common += ["--model.init_args.net.init_args.batch_norm", "false", "--parallel.global_batch_size", "64"]
     common += ["--trainer.max_epochs", "1", "--test_after_fit", "false", "--trainer.limit_val_batches", "1"]
-    per_device_8 = ["--parallel.per_device_batch_size", "8"]
+    per_device_16 = ["--parallel.per_device_batch_size", "16"]
     syncs = tmp_path / "syncs.txt"
     recorder = json.dumps({"class_path": "user_code.SyncRecorder", "init_args": {"path": str(syncs)}})
     # (layout config, right after digits.yaml, whose `parallel:` replaces the section; overrides after all)
     layouts = {
         "whole": ([], []),
-        "accumulated": ([], per_device_8),
-        "two-accumulated": (["--config", CPU_DDP], [*per_device_8, f"--trainer.callbacks+={recorder}"]),
+        "two": (["--config", CPU_DDP], []),
+        "accumulated": ([], per_device_16),
+        "two-accumulated": (["--config", CPU_DDP], [*per_device_16, f"--trainer.callbacks+={recorder}"]),
     }
     weights, plans = {}, {}
     for name, (layout, overrides) in layouts.items():
@@ -158,16 +159,13 @@ def test_accumulation_reaches_the_weights_of_the_whole_global_batch(tmp_path):
         plans[name] = read_plan(run)
         checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
         weights[name] = (checkpoint["global_step"], checkpoint["state_dict"])
-    assert [(p["world_size"], p["per_device_batch_size"], p["accumulation"]) for p in plans.values()] == [
-        (1, 32, 1),
-        (1, 8, 4),
-        (2, 8, 2),
-    ]
+    got = [(p["world_size"], p["per_device_batch_size"], p["accumulation"]) for p in plans.values()]
+    assert got == [(1, 64, 1), (2, 32, 1), (1, 16, 4), (2, 16, 2)]
     step, whole = weights["whole"]
-    assert step == 1257 // 32
+    assert step == 1257 // 64
     # DDP skipped the all-reduce on the first micro-batch of every step (Lightning's no_sync path).
     assert syncs.read_text().split() == ["False", "True"] * step
-    for name in ("accumulated", "two-accumulated"):
+    for name in ("two", "accumulated", "two-accumulated"):
         other_step, other = weights[name]
         assert other_step == step, name
         for key in whole:
