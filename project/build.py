@@ -166,9 +166,16 @@ class ProjectCLI(LightningCLI):
         self.plan_inputs = (settings, hardware)
         if self.command != "plan":  # `plan` resolves with the data batch size, and says why a launch would fail
             self.plan = resolve_plan(settings, hardware, detect_environment(), None)
-            resolve = partial(resolve_plan, settings, hardware, detect_environment())
+            resolve = partial(
+                resolve_plan, settings, hardware, detect_environment(), configured_lr=self.configured_lr()
+            )
             seed = config.get("seed_everything")
             self.loaders = LoaderGuaranteesCallback(resolve, seed if isinstance(seed, int) else 0, self._resuming())
+
+    def configured_lr(self) -> float | None:
+        """The learning rate of the config's ``optimizer:`` section, if it has one."""
+        lr = (self.config.get("optimizer") or Namespace()).get("init_args", Namespace()).get("lr")
+        return float(lr) if isinstance(lr, (int, float)) else None
 
     def _resuming(self) -> dict[str, Any] | None:
         """The loader callback's state in the chosen checkpoint (its position and global batch size)."""

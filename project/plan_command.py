@@ -31,20 +31,16 @@ def resolve_for_plan(cli: ProjectCLI) -> Plan:
     environment = detect_environment()
     data_batch = training_batch_size(cli.datamodule)
     try:
-        return resolve_plan(settings, hardware, environment, data_batch)
+        return resolve_plan(settings, hardware, environment, data_batch, cli.configured_lr())
     except LaunchMismatchError as error:
         unset = replace(environment, world_size=None, local_world_size=None, num_nodes=None)
-        plan = resolve_plan(settings, hardware, unset, data_batch)
+        plan = resolve_plan(settings, hardware, unset, data_batch, cli.configured_lr())
         return replace(plan, notes=(*plan.notes, f"will not start under {environment.launcher}: {error}"))
 
 
 def print_plan(cli: ProjectCLI) -> None:
     """Print the plan as a table, or as one JSON object with ``--json``."""
     data = resolve_for_plan(cli).to_dict()
-    configured = (cli.config.get("optimizer") or {}).get("init_args", {}).get("lr")
-    factor = data["learning_rate"]["factor"]
-    if isinstance(configured, (int, float)) and factor is not None:
-        data["learning_rate"]["lr"] = {"configured": configured, "scaled": configured * factor}
     if cli.config.get("parallel") is None:
         data["notes"] = [*data["notes"], "no parallel section: this is what `parallel.scenario: auto` would do"]
     if cli.config.get("json"):

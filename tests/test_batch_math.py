@@ -23,6 +23,7 @@ def test_the_learning_rate_is_scaled_warmed_up_and_logged(tmp_path):
         "reference_batch_size": 32,
         "factor": 2.0,
         "warmup_steps": 4,
+        "lr": {"configured": 0.003, "scaled": 0.006},
     }
     # digits.yaml's AdamW lr 0.003, x 2 for the global batch of 64 against 32, reached after 4 warmup steps.
     logged = [value for _, value in read_scalars(run)["train/lr"]]

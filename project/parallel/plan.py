@@ -96,8 +96,11 @@ def resolve_plan(
     hardware: Hardware,
     environment: LaunchEnvironment,
     data_batch_size: int | None,
+    configured_lr: float | None = None,
 ) -> Plan:
     """Resolve and validate the ``parallel`` section for this hardware, launch environment and data batch size.
+
+    ``configured_lr`` is the optimizer's learning rate in the config, shown beside its scaled value.
 
     Raises:
         UserError: with the bad value, the rule and the fix, for every invalid combination.
@@ -157,6 +160,9 @@ def resolve_plan(
             "reference_batch_size": config.reference_batch_size,
             "factor": factor,
             "warmup_steps": config.warmup_steps,
+            "lr": None
+            if configured_lr is None or factor is None
+            else {"configured": configured_lr, "scaled": configured_lr * factor},
         },
         backend=backend,
         launcher=environment.launcher if (external or layout.world_size > 1) else "none",
