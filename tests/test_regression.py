@@ -102,8 +102,8 @@ def test_fit_logs_mse_and_exports_the_mlp_from_its_config(fit_run):
     assert spec["init_args"] == MLP_INIT_ARGS, spec
 
 
-def test_export_rebuilds_without_lightning_to_the_logged_test_mse(fit_run):
-    export = fit_run.need("export", "model.json").parent
+def rebuilt_test_mse(export: Path) -> float:
+    """The test MSE of the exported network, rebuilt in a plain Python process that never imports Lightning."""
     code = (
         "import sys, torch\n"
         "from project.data.diabetes_arrays import diabetes_tensors\n"
@@ -119,8 +119,13 @@ def test_export_rebuilds_without_lightning_to_the_logged_test_mse(fit_run):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env())
     assert out.returncode == 0, said(out)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def test_export_rebuilds_without_lightning_to_the_logged_test_mse(fit_run):
+    export = fit_run.need("export", "model.json").parent
     logged = read_scalars(fit_run.run)["test/mse"][-1][1]  # test after fit: the best checkpoint, as exported
-    assert float(out.stdout.strip().splitlines()[-1]) == pytest.approx(logged, rel=1e-4)
+    assert rebuilt_test_mse(export) == pytest.approx(logged, rel=1e-4)
 
 
 def test_predict_writes_one_float_per_test_sample(predicted):
@@ -146,6 +151,10 @@ def test_two_process_fit_plans_two_ranks_and_logs_test_mse(tmp_path):
     assert read_plan(fit.need())["world_size"] == 2
     scalars = read_scalars(fit.need())
     assert "test/mse" in scalars, f"{sorted(scalars)}\n{said(fit.result)}"
+    # The 2-process export is the bare MLP too, and rebuilds to what the 2-process test logged.
+    export = fit.need("export", "model.json").parent
+    assert json.loads((export / "model.json").read_text())["class_path"] == "project.models.mlp.MLP"
+    assert rebuilt_test_mse(export) == pytest.approx(scalars["test/mse"][-1][1], rel=1e-4)
 
 
 @pytest.mark.distributed
