@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-Scenario = Literal["auto", "cpu", "single", "dp", "ddp", "fork"]
+Scenario = Literal["auto", "cpu", "single", "dp", "ddp", "fork", "fsdp"]
 Backend = Literal["auto", "nccl", "gloo"]
 LrScaling = Literal["none", "linear", "sqrt"]
+Launcher = Literal["auto", "ray"]
+Sharding = Literal["full", "grad_op", "hybrid"]
+Precision = Literal["32", "bf16-mixed", "16-mixed"]
 SCENARIOS: tuple[str, ...] = get_args(Scenario)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 
@@ -18,7 +21,7 @@ class ParallelConfig:
 
     Args:
         scenario: auto | cpu | single | dp | ddp | fork (DDP whose ranks are forked from this process, on
-            the GPUs when there are some, else on CPU processes).
+            the GPUs when there are some, else on CPU processes) | fsdp (fully sharded data parallel).
         devices: "all", a count N, or a list of GPU ids (``[0, 1, 2]`` or ``"0,1,2"``); on CPU the
             number of processes. ``None`` means the scenario's default (all GPUs, 1 CPU process, or
             what an outside launcher such as torchrun started).
@@ -41,6 +44,18 @@ class ParallelConfig:
         find_unused_parameters: DDP's flag for models whose forward skips parameters.
         timeout_s: Seconds a collective of the process group may wait before failing (the barrier
             callback has its own ``timeout_s``).
+        launcher: auto (Lightning's launcher, or the outside one that started the processes: torchrun,
+            SLURM, Kubeflow) | ray (the same run as a Ray Train job; ``pip install -e .[ray]``).
+        sharding: fsdp only: full (parameters, gradients and optimizer state sharded) | grad_op (gradients
+            and optimizer state only) | hybrid (full within a node, replicated across nodes).
+        cpu_offload: fsdp only: keep the sharded parameters and optimizer state in CPU memory.
+        wrap_modules: fsdp only: class names (``Linear``) or import paths of the modules sharded as one unit
+            each; ``None`` shards the model's largest child modules as the plan shows.
+        compile: Apply ``torch.compile`` to the model after the DDP/FSDP wrap.
+        precision: 32 | bf16-mixed | 16-mixed (GPUs only): the Trainer's precision, owned by the plan.
+        straggler_every_n_steps: Gather each rank's compute time every N optimizer steps (0: off) and name
+            a rank slower than the median by ``straggler_factor``.
+        straggler_factor: How many times the median step time a rank must take to be named a straggler.
     """
 
     scenario: Scenario = "auto"
@@ -57,6 +72,14 @@ class ParallelConfig:
     sync_batchnorm: bool = False
     find_unused_parameters: bool = False
     timeout_s: float = 1800.0
+    launcher: Launcher = "auto"
+    sharding: Sharding = "full"
+    cpu_offload: bool = False
+    wrap_modules: list[str] | None = None
+    compile: bool = False
+    precision: Precision = "32"
+    straggler_every_n_steps: int = 50
+    straggler_factor: float = 1.5
 
 
 @dataclass(frozen=True)
