@@ -21,11 +21,12 @@ from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgres
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.profilers import PassThroughProfiler
 
-from project.callbacks import LoaderGuaranteesCallback, template_callbacks
+from project.callbacks import LoaderGuaranteesCallback, StragglerCallback, template_callbacks
 from project.checkpoints.io import with_atomic_checkpoint_io
 from project.checkpoints.resume import Chosen, choose_checkpoint
 from project.config_errors import ProjectArgumentParser, root_cause
 from project.errors import UserError
+from project.parallel.compile import CompileAfterWrap
 from project.parallel.config import Hardware, ParallelConfig
 from project.parallel.environment import detect_environment
 from project.parallel.plan import Plan, resolve_plan
@@ -38,6 +39,7 @@ PLAN_OWNED_TRAINER_KEYS = (
     "num_nodes",
     "sync_batchnorm",
     "accumulate_grad_batches",
+    "precision",
 )
 # Options that say how to run this command, not what to train: never saved into the run's config.yaml.
 RUN_OPTIONS = ("ckpt_path", "resume", "test_after_fit", "assume_gpus", "json")
@@ -183,6 +185,18 @@ class ProjectCLI(LightningCLI):
         name = LoaderGuaranteesCallback.__qualname__  # Lightning's state key of a callback without state_key args
         return states.get(name) if isinstance(states, dict) else None
 
+    def _stragglers(self) -> StragglerCallback | None:
+        """Straggler detection when the plan has several processes and the section asks for it."""
+        settings = self.plan_inputs[0] if self.plan_inputs is not None else None
+        if settings is not None and (settings.straggler_every_n_steps < 0 or settings.straggler_factor <= 1):
+            raise UserError(
+                f"parallel.straggler_every_n_steps={settings.straggler_every_n_steps} must be >= 0 (0: off) and "
+                f"parallel.straggler_factor={settings.straggler_factor} > 1 (times the median of the other ranks)"
+            )
+        if self.plan is None or settings is None or self.plan.world_size == 1 or settings.straggler_every_n_steps < 1:
+            return None
+        return StragglerCallback(settings.straggler_every_n_steps, settings.straggler_factor)
+
     def _refuse_trainer_overlap(self, parallel: Any) -> None:
         if parallel is None:
             return
@@ -224,6 +238,10 @@ class ProjectCLI(LightningCLI):
         chosen = self.chosen.path if self.chosen is not None else None
         settings = self.plan_inputs[0] if self.plan_inputs is not None else None
         learning_rate = settings is not None and (settings.lr_scaling != "none" or settings.warmup_steps > 0)
-        own = template_callbacks(self.loaders, chosen, wants_template_progress_bar(trainer_config), learning_rate)
+        own = template_callbacks(
+            self.loaders, chosen, wants_template_progress_bar(trainer_config), learning_rate, self._stragglers()
+        )
+        if self.plan is not None and self.plan.compile:
+            own.append(CompileAfterWrap())  # torch.compile once the strategy has wrapped the model
         kwargs["callbacks"] = [*_listed(trainer_config.get("callbacks")), *own]
         return super().instantiate_trainer(**kwargs)

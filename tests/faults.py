@@ -91,3 +91,16 @@ class PickledExtra:
 
     def __init__(self, note: str = "trusted") -> None:
         self.note = note
+
+
+class SlowRank(L.Callback):
+    """Make rank ``rank`` spend ``sleep_s`` more of its own time in every step (a slow host or data loader)."""
+
+    def __init__(self, rank: int = 1, sleep_s: float = 0.03) -> None:
+        self.rank = rank
+        self.sleep_s = sleep_s
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        """Sleep before this rank's forward (before its gradient all-reduce, where the others wait for it)."""
+        if trainer.global_rank == self.rank:
+            time.sleep(self.sleep_s)

@@ -6,8 +6,8 @@ Two kinds, each installed one way:
   :class:`NonFiniteLossCallback`, :class:`PredictionsWriter`, and any progress bar;
 - the template's own, on every run, from :func:`template_callbacks`: the loader guarantees, ``plan.json``,
   every rank's random state, the monitored-metric check, the learning-rate scaling and warmup when the
-  ``parallel`` section asks for them, and :class:`ProgressBar` unless the config names a progress bar or
-  turns it off.
+  ``parallel`` section asks for them, straggler detection on several processes, and :class:`ProgressBar`
+  unless the config names a progress bar or turns it off.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from project.callbacks.predictions import PredictionsWriter
 from project.callbacks.progress import ProgressBar
 from project.callbacks.rng import RandomStateCallback
 from project.callbacks.run_record import RunRecordCallback
+from project.callbacks.stragglers import StragglerCallback
 from project.callbacks.unwrap import UnwrapEvalCallback
 
 __all__ = [
@@ -35,13 +36,18 @@ __all__ = [
     "ProgressBar",
     "RandomStateCallback",
     "RunRecordCallback",
+    "StragglerCallback",
     "UnwrapEvalCallback",
     "template_callbacks",
 ]
 
 
 def template_callbacks(
-    loaders: LoaderGuaranteesCallback | None, ckpt_path: str | None, progress_bar: bool, learning_rate: bool = False
+    loaders: LoaderGuaranteesCallback | None,
+    ckpt_path: str | None,
+    progress_bar: bool,
+    learning_rate: bool = False,
+    stragglers: StragglerCallback | None = None,
 ) -> list[Callback]:
     """The callbacks every run gets, in the order they must run (the loaders before the record of them).
 
@@ -50,9 +56,11 @@ def template_callbacks(
         ckpt_path: The checkpoint this process starts from, for the same-checkpoint-on-every-rank check.
         progress_bar: Add :class:`ProgressBar` (Lightning's rich bar, redrawn at most 10 times a second).
         learning_rate: Add :class:`LearningRateCallback` (the plan scales or warms up the learning rate).
+        stragglers: Straggler detection, configured by the ``parallel`` section (``None``: off).
     """
     own: list[Callback] = [loaders] if loaders is not None else []
     if learning_rate and loaders is not None:
         own.append(LearningRateCallback(loaders))
     own += [RunRecordCallback(loaders), RandomStateCallback(ckpt_path), MonitoredMetricsCheck()]
+    own += [stragglers] if stragglers is not None else []
     return [*own, ProgressBar()] if progress_bar else own

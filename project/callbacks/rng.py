@@ -19,9 +19,9 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from project.errors import UserError
+from project.parallel.collectives import gather_objects
 
 
 def _bytes(tensor: torch.Tensor) -> bytes:
@@ -64,15 +64,6 @@ def _seed_all(seed: int) -> None:
     random.seed(seed)
 
 
-def _gather(value: Any, trainer: L.Trainer) -> list[Any]:
-    """``value`` of every rank, in rank order (just ``[value]`` on one process)."""
-    if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-        return [value]
-    gathered: list[Any] = [None] * trainer.world_size
-    dist.all_gather_object(gathered, value)
-    return gathered
-
-
 class RandomStateCallback(L.Callback):
     """Save and restore every rank's random state; check that all ranks resume from the same checkpoint.
 
@@ -90,7 +81,7 @@ class RandomStateCallback(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Refuse to start when the ranks were given different checkpoints (every rank raises the same error)."""
         self._trainer = trainer
-        paths = _gather(self.ckpt_path, trainer)
+        paths = gather_objects(self.ckpt_path)
         if len(set(paths)) > 1:
             listed = ", ".join(f"rank {rank}: {path or 'none (new run)'}" for rank, path in enumerate(paths))
             raise UserError(
@@ -101,7 +92,7 @@ class RandomStateCallback(L.Callback):
     def state_dict(self) -> dict[str, Any]:
         """The random state of every rank (a collective: Lightning dumps checkpoints on all ranks)."""
         trainer = self._trainer
-        return {"rng": _gather(_rng_state(), trainer) if trainer is not None else [_rng_state()]}
+        return {"rng": gather_objects(_rng_state()) if trainer is not None else [_rng_state()]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the saved random states until training starts."""
