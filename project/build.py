@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from dataclasses import replace
 from functools import partial
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.profilers import PassThroughProfiler
 
 from project.callbacks import LoaderGuaranteesCallback, StragglerCallback, template_callbacks
+from project.check.command import add_check_arguments, check_trainer_kwargs
 from project.checkpoints.io import with_atomic_checkpoint_io
 from project.checkpoints.resume import Chosen, choose_checkpoint
 from project.config_errors import ProjectArgumentParser, root_cause
@@ -107,7 +109,7 @@ class ProjectCLI(LightningCLI):
             datamodule_class=L.LightningDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
-            save_config_callback=SaveUserConfig,
+            save_config_callback=None if command == "check" else SaveUserConfig,
             # Each run gets a fresh version directory (or continues its own): an existing config.yaml is expected.
             save_config_kwargs={"overwrite": True},
             parser_class=ProjectArgumentParser,
@@ -128,6 +130,9 @@ class ProjectCLI(LightningCLI):
         if self.command == "plan":
             parser.add_argument("--assume_gpus", type=int | None, default=None, help="Plan for a machine with N GPUs.")
             parser.add_argument("--json", action=ActionYesNo, default=False, help="Print one JSON object.")
+            return
+        if self.command == "check":
+            add_check_arguments(parser)
             return
         parser.add_argument(
             "--ckpt_path",
@@ -154,13 +159,15 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """Choose the checkpoint and resolve the layout, before anything is built."""
         config = self.config
-        if self.command != "plan":
+        if self.command not in ("plan", "check"):
             self.chosen = choose_checkpoint(self.command, config.ckpt_path, config.get("resume"), config.trainer)
         parallel = config.get("parallel")
         if parallel is None and self.command != "plan":
             return
         self._refuse_trainer_overlap(parallel)
         settings = ParallelConfig(**parallel.as_dict()) if parallel is not None else ParallelConfig()
+        if self.command == "check":  # a rank that does not answer is named after the check's short timeout
+            settings = replace(settings, timeout_s=min(settings.timeout_s, config.join_timeout_s))
         assumed = config.get("assume_gpus")
         if assumed is not None and assumed < 0:
             raise UserError(f"--assume_gpus={assumed} must be >= 0")
@@ -241,7 +248,10 @@ class ProjectCLI(LightningCLI):
         own = template_callbacks(
             self.loaders, chosen, wants_template_progress_bar(trainer_config), learning_rate, self._stragglers()
         )
-        if self.plan is not None and self.plan.compile:
-            own.append(CompileAfterWrap())  # torch.compile once the strategy has wrapped the model
-        kwargs["callbacks"] = [*_listed(trainer_config.get("callbacks")), *own]
+        # torch.compile once the strategy has wrapped the model
+        compiled = [CompileAfterWrap()] if self.plan is not None and self.plan.compile else []
+        kwargs["callbacks"] = [*_listed(trainer_config.get("callbacks")), *own, *compiled]
+        if self.command == "check":  # the layout, the sampling and the model as configured; nothing written
+            kept = [self.loaders] if self.loaders is not None else []
+            kwargs.update(check_trainer_kwargs(self.config, [*kept, *compiled]))
         return super().instantiate_trainer(**kwargs)

@@ -1,4 +1,4 @@
-"""``python -m project fit|validate|test|predict|plan``: the path of one run, top to bottom.
+"""``python -m project fit|validate|test|predict|plan|check``: the path of one run, top to bottom.
 
 1. Read the command line: drop a legacy ``--local_rank`` (``torch.distributed.launch``), take the command.
 2. Build (:class:`project.build.ProjectCLI`): parse the config, choose the checkpoint, resolve the layout
@@ -32,6 +32,7 @@ from project.errors import UserError, run_reporting_user_errors
 from project.lightning_private import stop_launched_processes
 from project.parallel.environment import LEGACY_FLAG_ENV, strip_legacy_local_rank
 from project.parallel.failures import error_from_worker, explain_rank_failure
+from project.parallel.ray_job import run_on_ray, submits_to_ray
 from project.plan_command import print_plan
 from project.runs import run_directory
 
@@ -41,8 +42,9 @@ COMMANDS = {
     "test": "evaluate a checkpoint on the test set",
     "predict": "write predictions.csv for a checkpoint",
     "plan": "resolve the parallel layout without training (--assume_gpus N, --json)",
+    "check": "self-test the layout: ranks, collectives, bandwidth, invariance, step time (check.json)",
 }
-USAGE = "usage: python -m project {fit,validate,test,predict,plan} --config FILE [options]\n\n" + "".join(
+USAGE = "usage: python -m project {fit,validate,test,predict,plan,check} --config FILE [options]\n\n" + "".join(
     f"  {name:<9} {what}\n" for name, what in COMMANDS.items()
 )
 
@@ -91,8 +93,14 @@ def execute(argv: list[str]) -> Run | None:
     if command == "plan":
         print_plan(cli)
         return None
+    if command == "check":
+        run_command(command, cli)
+        return None
     refuse_unknown_weights(command, cli.model, cli.chosen, cli.config.get("ckpt_path"))
     refuse_mismatched_checkpoint(cli.chosen, cli.model, cli.trainer)
+    if submits_to_ray(cli.plan):  # parallel.launcher: ray: Ray's workers run this same command; this process waits
+        run_on_ray(argv, command, cli.plan)
+        return None
     run_command(command, cli)
     say_where_the_run_went(cli.trainer)
     return Run(command, cli)
@@ -184,7 +192,9 @@ def run_command(command: str, cli: ProjectCLI) -> None:
     ckpt_path = cli.chosen.path if cli.chosen is not None else None
     guard = RunDirectoryGuard.of(trainer)
     try:
-        if command == "fit":
+        if command == "check":
+            trainer.fit(model, datamodule=data)
+        elif command == "fit":
             trainer.fit(model, datamodule=data, ckpt_path=ckpt_path, weights_only=not pickle_allowed())
             if cli.config.get("test_after_fit"):
                 best = getattr(trainer.checkpoint_callback, "best_model_path", "")
@@ -194,7 +204,11 @@ def run_command(command: str, cli: ProjectCLI) -> None:
     except BaseException as error:
         # Named before the other ranks are stopped, so the rank that died first is told apart.
         timeout_s = cli.plan.strategy_args.get("timeout_s") if cli.plan is not None else None
-        failure = error_from_worker(error) or explain_rank_failure(error, trainer, timeout_s)
+        failure = error_from_worker(error) or (
+            explain_rank_failure(error, trainer, timeout_s, "--join_timeout_s", "then run check again")
+            if command == "check"
+            else explain_rank_failure(error, trainer, timeout_s)
+        )
         stop_launched_processes(trainer.strategy)
         if isinstance(failure or error, UserError) and trainer.is_global_zero:
             guard.undo()  # refused before training (e.g. by the sanity check): leave nothing behind

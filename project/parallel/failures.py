@@ -65,12 +65,17 @@ def _failed_children(strategy: Any, wait_s: float) -> list[tuple[int, subprocess
 
 
 def explain_rank_failure(
-    error: BaseException, trainer: L.Trainer | None, timeout_s: float | None
+    error: BaseException,
+    trainer: L.Trainer | None,
+    timeout_s: float | None,
+    timeout_name: str = "parallel.timeout_s",
+    then: str = "then resume with `fit --ckpt_path last`",
 ) -> RankFailure | None:
     """A one-line :class:`RankFailure` for ``error`` if it is a lost or stuck rank, else ``None``.
 
     Call it in the rank that caught ``error``, before its launcher's children are stopped, so that a
-    child that died first is told apart from the ones stopped afterwards.
+    child that died first is told apart from the ones stopped afterwards. ``timeout_name`` is the
+    setting that holds ``timeout_s``; ``then`` is what to do once the cause is fixed.
     """
     world_size = getattr(trainer, "world_size", 1) if trainer is not None else 1
     if world_size <= 1 or isinstance(error, (RunFailure, UserError)) or not isinstance(error, RuntimeError):
@@ -80,7 +85,7 @@ def explain_rank_failure(
     rank = trainer.global_rank
     # A child that broke the connection is dead, or about to be reaped; a stuck one never exits.
     failed = _failed_children(trainer.strategy, _REAP_WAIT_S if lost else 0.0)
-    resume = "then resume with `fit --ckpt_path last`"
+    resume = then
     if failed:
         first = trainer.node_rank * trainer.num_devices
         names = ", ".join(f"rank {first + local} (pid {p.pid}) {_how_it_ended(p.returncode)}" for local, p in failed)
@@ -93,10 +98,10 @@ def explain_rank_failure(
     peer = f"rank {1 - rank}" if world_size == 2 else "another rank (the launcher's report names it)"
     detail = _gist(error)
     if timed_out and not lost:
-        limit = f"parallel.timeout_s={timeout_s:g} s" if timeout_s is not None else "the process group's timeout"
+        limit = f"{timeout_name}={timeout_s:g} s" if timeout_s is not None else "the process group's timeout"
         return RankFailure(
             f"rank {rank}: a collective did not complete within {limit}; {peer} is stuck or far behind "
-            f"({detail}). Find what it waits for (e.g. `py-spy dump --pid PID`), or raise parallel.timeout_s "
+            f"({detail}). Find what it waits for (e.g. `py-spy dump --pid PID`), or raise {timeout_name} "
             f"if ranks legitimately do long uneven work, {resume}"
         )
     return RankFailure(

@@ -1,0 +1,119 @@
+"""The callback that runs ``check`` inside a short fit, so every launcher starts it like any run."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+
+from project.callbacks.stragglers import StepClock
+from project.check import invariance, probes
+from project.check.report import CheckReport
+from project.errors import RunFailure
+from project.parallel.collectives import gather_objects, process_group_size
+
+#: The fire drill: ``PROJECT_CHECK_FAULT=RANK:exit`` makes that rank exit before it joins,
+#: ``RANK:value`` makes it send a wrong value; a way to see what a failure looks like.
+FAULT_ENV = "PROJECT_CHECK_FAULT"
+#: Steps before the step time is measured (first-batch and allocation costs).
+WARMUP_STEPS = 3
+
+
+class CheckFailed(RunFailure):
+    """``check`` found a fault; the message names the rank, host and device (exit code 1)."""
+
+
+def drill(kind: str) -> bool:
+    """Whether the fire drill asks this process (by its launcher's rank variables) for fault ``kind``."""
+    rank, _, wanted = os.environ.get(FAULT_ENV, "").partition(":")
+    mine = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
+    return wanted == kind and rank == mine
+
+
+class SelfCheckCallback(L.Callback):
+    """Run the probes when training starts, time ``steps`` steps, then report and stop.
+
+    Args:
+        out: Where rank 0 writes ``check.json``.
+        timeout_s: Seconds a rank may be missing from the barrier before it is named.
+        steps: Timed training steps on the configured model and data (after a short warm-up).
+    """
+
+    def __init__(self, out: str | Path, timeout_s: float, steps: int) -> None:
+        self.out = Path(out)
+        self.timeout_s = timeout_s
+        self.steps = steps
+        self.report: CheckReport | None = None
+        self._clock = StepClock()
+        self._started = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The probes, in order; a wrong value or different weights stop the check before any timing."""
+        device = trainer.strategy.root_device
+        backend = dist.get_backend() if process_group_size() > 1 else None
+        report = self.report = CheckReport(trainer.world_size, backend, places=probes.places(device))
+        wrong, got, expected = probes.wrong_values(device, offset=1000.0 if drill("value") else 0.0)
+        report.values_ok, report.all_reduce = not wrong and got == expected, (got, expected)
+        report.failures += [
+            f"{report.places[rank].describe()} sent a wrong value in the all-gather ({rank + 1} expected): "
+            "its device or link corrupts data"
+            for rank in wrong
+        ]
+        if not wrong and got != expected:
+            report.failures.append(f"the all-reduce summed to {got:g}, not {expected:g}: the reduction is broken")
+        report.barrier_wait_s = [float(w) for w in gather_objects(probes.barrier_wait(self.timeout_s))]
+        report.bandwidth = probes.all_reduce_bandwidth(device)
+        report.weight_difference = [float(d) for d in gather_objects(invariance.weight_difference(device))]
+        report.failures += [
+            f"{report.places[rank].describe()}: DDP weights differ from one process's by {diff:.1e} "
+            f"(> {invariance.TOLERANCE:g})"
+            for rank, diff in enumerate(report.weight_difference)
+            if diff > invariance.TOLERANCE
+        ]
+        report.sampling_ok = invariance.sampler_matches_one_process(getattr(trainer.train_dataloader, "sampler", None))
+        if report.sampling_ok is False:
+            report.failures.append("the training loader's ranks do not draw the global batches of one process")
+        if report.failures:
+            self._finish(trainer)
+        self._clock = StepClock(cuda=device.type == "cuda")
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+        """Start timing after the warm-up steps."""
+        if trainer.global_step == WARMUP_STEPS and not self._started:
+            self._sync(trainer)
+            self._started = time.perf_counter()
+        if trainer.global_step >= WARMUP_STEPS:
+            self._clock.start()
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Any) -> None:
+        """This rank's own work ends where the gradient all-reduce begins."""
+        self._clock.stop()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Gather the step times, report, and fail if anything failed."""
+        steps = max(1, trainer.global_step - WARMUP_STEPS)
+        self._sync(trainer)
+        step_s = (time.perf_counter() - self._started) / steps if self._started else 0.0
+        assert self.report is not None
+        self.report.step_s = [float(s) for s in gather_objects(step_s)]
+        self.report.compute_s = [float(s) for s in gather_objects(self._clock.take() / steps)]
+        self._finish(trainer)
+
+    def _sync(self, trainer: L.Trainer) -> None:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize(trainer.strategy.root_device)
+
+    def _finish(self, trainer: L.Trainer) -> None:
+        """Rank 0 prints and writes the report; every rank raises the same failure (they all know it)."""
+        assert self.report is not None
+        if trainer.is_global_zero:
+            self.report.write(self.out)
+            self.report.print()
+            print(f"Wrote {self.out}", flush=True)
+        if self.report.failures:
+            raise CheckFailed(f"check failed: {'; '.join(self.report.failures)}; details in {self.out}")

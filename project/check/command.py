@@ -1,0 +1,50 @@
+"""How ``check`` differs from ``fit``: its options, a short timeout, a Trainer that writes only check.json."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lightning.pytorch.cli import LightningArgumentParser
+
+from project.check.callback import WARMUP_STEPS, SelfCheckCallback, drill
+from project.errors import UserError
+
+#: The check's own options: never part of a training config.
+OPTIONS = ("out", "join_timeout_s", "steps")
+
+
+def add_check_arguments(parser: LightningArgumentParser) -> None:
+    """``--out``, ``--join_timeout_s`` and ``--steps``."""
+    parser.add_argument("--out", type=str, default="check.json", help="Where to write the report (rank 0).")
+    parser.add_argument(
+        "--join_timeout_s",
+        type=float,
+        default=60.0,
+        help="Seconds to wait for a rank that does not join or does not answer before naming it "
+        "(the check's process-group timeout).",
+    )
+    parser.add_argument("--steps", type=int, default=20, help="Timed training steps on the configured model and data.")
+
+
+def check_trainer_kwargs(config: Any, own: list[Any]) -> dict[str, Any]:
+    """Trainer arguments for the check: a few steps, no validation, no logger, no checkpoints, no config file.
+
+    ``own`` are the template callbacks the check keeps (the loader guarantees, compile): the run's
+    layout and sampling are what is checked, its checkpoints and records are not wanted.
+    """
+    if config.steps < 1 or config.join_timeout_s <= 0:
+        raise UserError(f"--steps={config.steps} must be >= 1 and --join_timeout_s={config.join_timeout_s} > 0")
+    if drill("exit"):
+        os._exit(3)  # the fire drill: this rank never joins
+    return {
+        "callbacks": [*own, SelfCheckCallback(config.out, config.join_timeout_s, config.steps)],
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "max_steps": WARMUP_STEPS + config.steps,
+        "max_epochs": -1,
+        "limit_val_batches": 0,
+        "num_sanity_val_steps": 0,
+    }
