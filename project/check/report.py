@@ -103,7 +103,12 @@ class CheckReport:
 
     def _sampling(self) -> list[tuple[str, str]]:
         if self.sampling_ok is None:
-            return [("ranks draw 1-process global batches", "not checked (the loader has its own sampler)")]
+            return [
+                (
+                    "ranks draw 1-process global batches",
+                    "not checked (not the template's sampler: parallel null, or the loader's own)",
+                )
+            ]
         return [("ranks draw 1-process global batches", "ok" if self.sampling_ok else "DIFFERENT")]
 
 
