@@ -1,4 +1,4 @@
-"""Never lose progress: checkpoints every N steps, atomic writes, auto-resume, exact resume, elastic restart.
+"""Never lose progress: checkpoints every N steps, atomic background writes, auto-resume, exact resume, elastic restart.
 
 A run is killed with SIGKILL at a chosen step (a test-only callback, no sleeps), resumed with
 ``--resume auto`` or ``--ckpt_path last``, and compared with the same run left alone.
@@ -6,23 +6,42 @@ A run is killed with SIGKILL at a chosen step (a test-only callback, no sleeps),
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from project.checkpoints.atomic import atomic_write_text
 from project.checkpoints.resume import RunName, choose_checkpoint, find_resume_checkpoint
 from project.errors import UserError
 
 from helpers import CPU_DDP, DIGITS, FAST, read_scalars, run_cli, run_dirs
 
+
+def every_10_steps() -> str:
+    """``configs/digits.yaml`` whose ``last.ckpt`` is also saved every 10 optimizer steps: kill points are steps here.
+
+    The config's own rule is by time (``TimedCheckpoint(every_s=60)``, tested in ``test_timed_checkpoint.py``);
+    steps make the checkpoint a killed run resumes from known in advance. The file's name is its content's hash.
+    """
+    text = Path(DIGITS).read_text().replace("every_s: 60\n", "every_s: 60\n        every_n_steps: 10\n")
+    assert "every_n_steps: 10" in text, "configs/digits.yaml no longer has TimedCheckpoint(every_s: 60)"
+    path = Path(tempfile.gettempdir()) / f"digits-every-10-steps-{hashlib.sha1(text.encode()).hexdigest()[:12]}.yaml"
+    if not path.exists():
+        atomic_write_text(path, text)
+    return str(path)
+
+
 # 19 steps per epoch on one process, 9 on two; last.ckpt every 10 steps and at every epoch end.
+STEPS = every_10_steps()
 SHORT = ["--config", FAST, "--trainer.max_epochs", "3", "--trainer.limit_val_batches", "2", "--test_after_fit", "false"]
-ONE = ["fit", "--config", DIGITS, *SHORT, "--trainer.max_steps", "40"]
-TWO = ["fit", "--config", DIGITS, "--config", CPU_DDP, *SHORT, "--trainer.max_steps", "25"]
+ONE = ["fit", "--config", STEPS, *SHORT, "--trainer.max_steps", "40"]
+TWO = ["fit", "--config", STEPS, "--config", CPU_DDP, *SHORT, "--trainer.max_steps", "25"]
 RUN = Path("logs/digits/version_0")
 
 
@@ -200,7 +219,7 @@ SAME_GLOBAL = [
 def uninterrupted_same_global(tmp_path_factory) -> Path:
     """The reference: one process, the same global batches (world-size invariant, so any layout's weights)."""
     cwd = tmp_path_factory.mktemp("uninterrupted_same_global")
-    result = run_cli(["fit", "--config", DIGITS, *SAME_GLOBAL], cwd)
+    result = run_cli(["fit", "--config", STEPS, *SAME_GLOBAL], cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     return cwd
 
@@ -219,7 +238,7 @@ def test_a_run_killed_mid_epoch_resumes_on_another_number_of_processes(
 
     def fit(processes: int, *extra: str):
         # The layout config goes right after digits.yaml: its `parallel:` section replaces the whole section.
-        return run_cli(["fit", "--config", DIGITS, *layout(processes), *SAME_GLOBAL, *extra], tmp_path)
+        return run_cli(["fit", "--config", STEPS, *layout(processes), *SAME_GLOBAL, *extra], tmp_path)
 
     killed = fit(killed_on, callback("faults.KillAtStep", step=15, rank=killed_on - 1))
     assert killed.returncode != 0

@@ -24,6 +24,7 @@ from project.callbacks.progress import ProgressBar
 from project.callbacks.rng import RandomStateCallback
 from project.callbacks.run_record import RunRecordCallback
 from project.callbacks.stragglers import StragglerCallback
+from project.callbacks.timed_checkpoint import TimedCheckpoint
 from project.callbacks.unwrap import UnwrapEvalCallback
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "RandomStateCallback",
     "RunRecordCallback",
     "StragglerCallback",
+    "TimedCheckpoint",
     "UnwrapEvalCallback",
     "template_callbacks",
 ]

@@ -4,7 +4,14 @@ Every rank must take the same decision, or the ranks that go on wait forever in 
 all-reduce for the ones that stopped. The verdict is therefore read from the gradients after DDP's
 all-reduce, which are the same on every rank (a nan loss on one rank makes everyone's gradients nan),
 so agreeing costs no collective per step; only when a step is bad are the ranks' losses gathered, to
-name the rank(s) it came from.
+name the rank(s) it came from. That reads one number per step on the host (a sync on a GPU).
+
+With ``check_every_n_steps: N`` > 1 (``stop`` only) nothing is read per step: each rank keeps its losses
+on the device, and the ranks compare them every N optimizer steps (one all-gather of N numbers), before
+every checkpoint is written and at the end of training. Up to N - 1 non-finite updates may then be
+applied before the run stops, but no checkpoint ever holds them (the save itself stops the run), and
+the error still names the first bad step and its rank(s). Gradients that overflow from a finite loss
+show up in the next step's loss.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
+from project.checkpoints import pending
 from project.errors import RunFailure, UserError
 
 ACTIONS = ("stop", "skip")
@@ -31,6 +39,7 @@ class NonFiniteLossError(RunFailure):
 
 def _latest_checkpoint(trainer: L.Trainer) -> str | None:
     """The newest checkpoint file this run wrote, if any."""
+    pending.wait_for()  # a checkpoint still being written in the background: name it once it is complete
     paths = {
         Path(p)
         for cb in trainer.callbacks
@@ -57,12 +66,26 @@ class NonFiniteLossCallback(L.Callback):
             that step's update (the parameters and the buffers, e.g. BatchNorm statistics, stay as
             they were before the step) and go on; each skip is a warning and counts in
             ``train/skipped_steps``.
+        check_every_n_steps: 1: check before every update (as above). N > 1: no host sync per step; the
+            ranks compare their losses every N steps and before every checkpoint, so up to N - 1
+            non-finite updates may be applied, never saved (``stop`` only: a skip must come before the update).
     """
 
-    def __init__(self, action: str = "stop") -> None:
+    def __init__(self, action: str = "stop", check_every_n_steps: int = 1) -> None:
         if action not in ACTIONS:
             raise ValueError(f"NonFiniteLossCallback action={action!r} is not one of {', '.join(ACTIONS)}")
+        if check_every_n_steps < 1:
+            raise ValueError(f"NonFiniteLossCallback check_every_n_steps={check_every_n_steps} must be >= 1")
+        if action == "skip" and check_every_n_steps != 1:
+            raise ValueError(
+                f"NonFiniteLossCallback action: skip needs check_every_n_steps: 1 (got {check_every_n_steps}): "
+                "a step's update can only be dropped before it is applied; use action: stop with N > 1"
+            )
         self.action = action
+        self.check_every_n_steps = check_every_n_steps
+        # check_every_n_steps > 1: (step, epoch, this rank's loss) of each optimizer step since the last
+        # check; the losses stay device tensors, nothing is read.
+        self._window: list[tuple[int, int, Tensor]] = []
         self.skipped = 0
         # The loss this rank reports for the current optimizer step: the first non-finite one of its
         # accumulated micro-batches, else the latest. Kept on the device: no sync until the step.
@@ -93,6 +116,9 @@ class NonFiniteLossCallback(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         """If the (all-reduced) gradients are not finite, stop or drop the update on all ranks alike."""
+        if self.check_every_n_steps > 1:
+            self._keep(trainer)
+            return
         if self._loss is None:
             return
         loss, self._loss = self._loss, None
@@ -136,3 +162,47 @@ class NonFiniteLossCallback(L.Callback):
         """Log how many steps were skipped so far (once per epoch, whatever the logging interval)."""
         if self.action == "skip":
             pl_module.log("train/skipped_steps", float(self.skipped), on_step=False, on_epoch=True, reduce_fx="max")
+
+    # ------------------------------------------------------------ check_every_n_steps > 1
+    def _keep(self, trainer: L.Trainer) -> None:
+        """Add this step's loss to the window (no sync); compare the ranks' windows when it is full."""
+        if self._loss is None:
+            return
+        self._window.append((trainer.global_step, trainer.current_epoch, self._loss))
+        self._loss = None
+        if len(self._window) >= self.check_every_n_steps:
+            self._check_window(trainer, "before its update")
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """No checkpoint holds a non-finite update: compare the windows first (every rank dumps every checkpoint)."""
+        if self.check_every_n_steps > 1:
+            self._check_window(trainer, "before a checkpoint was written")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The last steps of the run are checked too."""
+        if self.check_every_n_steps > 1:
+            self._check_window(trainer, "at the end of training")
+
+    def _check_window(self, trainer: L.Trainer, when: str) -> None:
+        """One all-gather of every rank's window (the same verdict everywhere); stop at the first bad step."""
+        if not self._window:
+            return
+        window, self._window = self._window, []
+        losses = torch.stack([loss for _, _, loss in window])
+        losses = trainer.strategy.all_gather(losses) if trainer.world_size > 1 else losses
+        losses = losses.reshape(trainer.world_size, -1).cpu()
+        finite = torch.isfinite(losses)
+        if bool(finite.all()):
+            return
+        first = int((~finite).any(dim=0).nonzero()[0])
+        step, epoch, _ = window[first]
+        bad = [r for r in range(trainer.world_size) if not finite[r, first]]
+        ranks = ", ".join(f"rank {r}: {losses[r, first].item()}" for r in bad)
+        checkpoint = _latest_checkpoint(trainer)
+        kept = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written yet"
+        raise NonFiniteLossError(
+            f"the training loss is not finite at step {step} (epoch {epoch}) ({ranks}); found at step "
+            f"{trainer.global_step} {when} (check_every_n_steps={self.check_every_n_steps}, so the updates in "
+            f"between were applied but never saved), {kept}. Lower the learning rate, clip gradients "
+            "(trainer.gradient_clip_val) or check the data"
+        )

@@ -6,7 +6,8 @@ process killed during that write leaves a truncated ``last.ckpt`` behind: exactl
 so the target is always either the previous or the new checkpoint.
 
 It also hands Lightning a checkpoint the CLI has already loaded (and checked) instead of reading the file
-again: see :meth:`AtomicCheckpointIO.preload`. The CLI installs it for every run (:func:`with_atomic_checkpoint_io`).
+again: see :meth:`AtomicCheckpointIO.preload`. The CLI installs it, writing on a background thread
+(:mod:`project.checkpoints.background`), for every run (:func:`with_atomic_checkpoint_io`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
-    """The Trainer's ``plugins`` plus an :class:`AtomicCheckpointIO`, unless one CheckpointIO is already given."""
+    """The Trainer's ``plugins`` plus an atomic CheckpointIO, unless one CheckpointIO is already given.
+
+    The one installed writes in the background
+    (:class:`project.checkpoints.background.BackgroundCheckpointIO`): a save costs the training a copy of the state.
+    """
     if plugins is None:
         listed: list[Any] = []
     elif isinstance(plugins, (list, tuple)):
@@ -65,4 +70,6 @@ def with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
         listed = [plugins]
     if any(isinstance(plugin, CheckpointIO) for plugin in listed):
         return listed  # the user chose how checkpoints are written (e.g. a cloud store)
-    return [*listed, AtomicCheckpointIO()]
+    from project.checkpoints.background import BackgroundCheckpointIO  # it builds on this module
+
+    return [*listed, BackgroundCheckpointIO()]

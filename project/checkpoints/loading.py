@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from project.checkpoints import pending
 from project.errors import UserError
 
 #: Set to 1 to load a *trusted* file that needs arbitrary code (full pickle) to load.
@@ -44,6 +45,7 @@ def _check_is_torch_file(file: Path) -> None:
 def safe_load(path: str | os.PathLike[str]) -> Any:
     """``torch.load`` with ``weights_only=True``, turning every failure into a one-line :class:`UserError`."""
     file = Path(path)
+    pending.wait_for(file)  # a checkpoint this process is still writing in the background: read it complete
     _check_is_torch_file(file)
     trusted = pickle_allowed()
     try:

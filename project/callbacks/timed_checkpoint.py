@@ -1,0 +1,166 @@
+"""``last.ckpt`` every ``every_s`` seconds of training and at every epoch end, agreed by the ranks in advance.
+
+What a crash costs is time, not steps: a checkpoint every N steps is a save every few milliseconds for a
+small model and one an hour for a large one. :class:`TimedCheckpoint` saves by the clock instead.
+
+Under DDP every rank must save at the same step (a save is collective: each rank's random state is gathered
+into it and Lightning ends it with a barrier), but each rank has its own clock. Lightning's
+``ModelCheckpoint(train_time_interval=...)`` therefore broadcasts rank 0's verdict after *every* step, a
+collective per step. Here the ranks agree in advance on the step of the next *check* (:class:`SaveSchedule`):
+at a check rank 0 alone reads its clock, decides whether to save now, and picks, from the steps per second
+since the previous check, the step of the next one: about ``every_s / 10`` seconds later, or right at the
+deadline when that comes sooner. One small broadcast carries both; between checks the ranks do not talk.
+One process reads its clock after every step (about a microsecond) and needs no check.
+
+So the save comes at most one step after ``every_s`` while the step rate holds, and at most ``every_s / 10``
+seconds plus one step late when it changes (one check interval at the old rate). Every save is made right
+after an optimizer step, never between accumulated micro-batches, so the run resumes from it exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+from weakref import proxy
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+#: Checks per interval under DDP: how late a save may come when the step rate changes, as a share of ``every_s``.
+CHECKS_PER_INTERVAL = 10
+
+
+class SaveSchedule:
+    """Rank 0's clock: whether a save is due, and at which step the ranks check next.
+
+    Args:
+        every_s: Seconds of training between saves (any checkpoint saved restarts the count).
+        clock: Monotonic seconds (tests pass a fake one).
+    """
+
+    def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self.clock = clock
+        self.last_save = self.check_time = clock()
+        self.check_step = 0
+
+    def start(self, step: int) -> None:
+        """Training starts (or resumes) at ``step``: count from now."""
+        self.last_save = self.check_time = self.clock()
+        self.check_step = step
+
+    def saved(self) -> None:
+        """A checkpoint was saved now."""
+        self.last_save = self.clock()
+
+    def due(self) -> bool:
+        """Whether ``every_s`` have passed since the last save (one process asks after every step)."""
+        return self.clock() - self.last_save >= self.every_s
+
+    def check(self, step: int) -> tuple[bool, int]:
+        """At a check after optimizer step ``step``: (save now, the step of the next check)."""
+        now = self.clock()
+        save = now - self.last_save >= self.every_s
+        remaining = self.every_s if save else self.every_s - (now - self.last_save)
+        per_step = (now - self.check_time) / max(1, step - self.check_step)
+        self.check_time, self.check_step = now, step
+        gap_s = min(remaining, self.every_s / CHECKS_PER_INTERVAL)
+        return save, step + (max(1, math.ceil(gap_s / per_step)) if per_step > 0 else 1)
+
+
+class TimedCheckpoint(ModelCheckpoint):
+    """A ``ModelCheckpoint`` of the latest weights: every ``every_s`` seconds, every epoch, optionally every N steps.
+
+    Args:
+        every_s: Seconds of training (wall clock, validation included) between saves; ``None``: not by time.
+            A run killed at any moment loses at most about this much work (see the module doc).
+        every_n_steps: Also save every N optimizer steps (deterministic, for tests and reproducible
+            layouts); ``None``: not by steps.
+        every_n_epochs: Save at the end of every N-th epoch (after its validation); 0: not at epoch ends.
+        dirpath: Folder of the file; ``None``: the run directory's ``checkpoints/`` (as ``ModelCheckpoint``).
+        filename: File name without ``.ckpt``; each save replaces it.
+        save_weights_only: Save only the weights (such a file cannot resume a run).
+    """
+
+    def __init__(
+        self,
+        every_s: float | None = 60.0,
+        every_n_steps: int | None = None,
+        every_n_epochs: int = 1,
+        dirpath: str | None = None,
+        filename: str = "last",
+        save_weights_only: bool = False,
+    ) -> None:
+        if every_s is not None and not every_s > 0:
+            raise ValueError(f"TimedCheckpoint every_s={every_s} must be > 0 seconds (or null: not by time)")
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"TimedCheckpoint every_n_steps={every_n_steps} must be >= 1 (or null: not by steps)")
+        if every_n_epochs < 0:
+            raise ValueError(f"TimedCheckpoint every_n_epochs={every_n_epochs} must be >= 0 (0: not at epoch ends)")
+        super().__init__(
+            dirpath=dirpath,
+            filename=filename,
+            monitor=None,
+            save_top_k=1,
+            save_weights_only=save_weights_only,
+            every_n_epochs=every_n_epochs,
+            enable_version_counter=False,  # the same file every time, never last-v1.ckpt
+        )
+        self.every_s = every_s
+        self.every_n_steps = every_n_steps
+        self.schedule = SaveSchedule(every_s) if every_s is not None else None
+        self._seen_step = -1
+        self._next_check = 0
+        # Lightning builds the state key around every hook of every callback, each step; ModelCheckpoint's is
+        # a dict repr (about 3 us). It depends on the file only, so that changing the interval keeps the state.
+        self._state_key = self._generate_state_key(filename=filename)
+
+    @property
+    def state_key(self) -> str:
+        """The key of this callback's state in a checkpoint (built once)."""
+        return self._state_key
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Start the clock; the first check under DDP is after the first step (it measures the step rate)."""
+        super().on_train_start(trainer, pl_module)
+        self._seen_step = trainer.global_step
+        self._next_check = trainer.global_step + 1
+        if self.schedule is not None:
+            self.schedule.start(trainer.global_step)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Any checkpoint (this one, an epoch end, the best) restarts the count: a restart could resume from it."""
+        if self.schedule is not None:
+            self.schedule.saved()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """After each optimizer step: save when the steps or the clock (agreed by the ranks) say so."""
+        step = trainer.global_step
+        if step == self._seen_step or trainer.fast_dev_run:  # a micro-batch that did not step (accumulation)
+            return
+        self._seen_step = step
+        save = self.every_n_steps is not None and step % self.every_n_steps == 0
+        if self.schedule is not None:
+            if trainer.world_size == 1:
+                save = save or self.schedule.due()
+            elif step >= self._next_check:
+                verdict = self.schedule.check(step) if trainer.is_global_zero else None
+                due, self._next_check = trainer.strategy.broadcast(verdict, src=0)
+                save = save or due
+        if save:
+            self._save(trainer)
+
+    def _save(self, trainer: L.Trainer) -> None:
+        filepath = self.format_checkpoint_name({"epoch": trainer.current_epoch, "step": trainer.global_step})
+        # As ModelCheckpoint does: the path is set first, since it is part of the state being saved.
+        previous, self.best_model_path = self.best_model_path, filepath
+        trainer.save_checkpoint(filepath, self.save_weights_only)
+        if previous and previous != filepath:
+            trainer.strategy.remove_checkpoint(previous)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
