@@ -63,7 +63,7 @@ def test_check_on_two_simulated_nodes_with_torchrun_rendezvous(tmp_path):
 def test_a_rank_sending_a_wrong_value_is_named_with_its_host_and_device(tmp_path):
     start = time.monotonic()
     result = run_cli([*CHECK, "--config", CPU_DDP], tmp_path, env={"PROJECT_CHECK_FAULT": "1:value"})
-    assert time.monotonic() - start < 60
+    assert time.monotonic() - start < 30  # the bound: named within 30 s
     assert_clean_error(result, "error: check failed: rank 1 (host ", ", device cpu) sent a wrong value")
     report = read_check(tmp_path)
     assert not report["ok"] and report["values_ok"] is False and len(report["failures"]) == 1, report
@@ -82,7 +82,7 @@ def test_a_rank_that_never_joins_is_named_within_the_join_timeout(tmp_path):
         r"error: rank 0: a collective did not complete within --join_timeout_s=10 s; rank 1 ", output
     )
     assert named, output
-    assert elapsed < 45, elapsed
+    assert elapsed < 30, elapsed
     assert not (tmp_path / "check.json").exists()
 
 
