@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -77,3 +80,47 @@ def assert_clean_error(result: subprocess.CompletedProcess[str], *needles: str) 
     assert "Traceback" not in output, output
     for needle in needles:
         assert needle in output, f"{needle!r} not in:\n{output}"
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes started from ``pid``, at any depth (Linux ``/proc``), even those in sessions of their own."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stop_tree(*processes: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """Stop daemons a test started and every process they started: SIGTERM, then SIGKILL after ``grace_s``.
+
+    The tree is collected first, because a daemon that dies orphans its children (a Ray worker, a slurmstepd).
+    """
+    pids = [pid for p in processes for pid in (p.pid, *descendants(p.pid))]
+    for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        deadline = time.monotonic() + wait_s
+        while pids and time.monotonic() < deadline:
+            for process in processes:
+                process.poll()  # reap our own children; init reaps the orphans
+            pids = [pid for pid in pids if _running(pid)]
+            time.sleep(0.2)
+        if not pids:
+            return

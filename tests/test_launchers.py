@@ -1,4 +1,5 @@
-"""Every way the seed's users launch: Lightning's launcher, torchrun, torch.distributed.launch, several nodes, SLURM.
+"""Every way the seed's users launch: Lightning's launcher, torchrun, torch.distributed.launch, several nodes, SLURM,
+Kubeflow (Ray: tests/test_ray.py, a real SLURM cluster: tests/test_slurm.py).
 
 Each test starts real processes (CPU, gloo) the way a user would and reads the ``plan.json`` of the
 run: the layout it took from the launcher and what Lightning itself detected.
@@ -12,10 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from project.errors import UserError
 from project.parallel.environment import LaunchEnvironment, detect_environment, strip_legacy_local_rank
 from project.parallel.plan import Hardware, ParallelConfig, resolve_plan
+from project.parallel.ray_job import check_ray_plan
 
 from helpers import CPU_DDP, DIGITS, FAST, REPO, cli_env, free_port, read_plan, run_cli, run_dirs
 
@@ -29,7 +32,11 @@ LIGHTNING_SEES = {
     "torchrun": "TorchElasticEnvironment",
     "torch.distributed.launch": "TorchElasticEnvironment",
     "slurm": "SLURMEnvironment",
+    "kubeflow": "KubeflowEnvironment",
 }
+# What the Kubeflow training operator sets in each PyTorchJob pod (with the kubelet's KUBERNETES_* variables).
+POD = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_PORT": "tcp://10.96.0.1:443"}
+PYTORCHJOB = REPO / "scripts" / "kubeflow" / "pytorchjob.yaml"
 
 
 def start_cli(args: list[str], cwd: Path, env: dict[str, str], module: tuple[str, ...]) -> subprocess.Popen[str]:
@@ -112,6 +119,88 @@ def test_slurm_mismatch_names_the_sbatch_option():
     with pytest.raises(UserError, match=r"parallel.devices=2 disagrees with slurm, which started 4 \(--ntasks-per"):
         _plan(slurm)
     assert detect_environment(slurm) == LaunchEnvironment("slurm", True, 4, 4, 1)
+
+
+@pytest.mark.parametrize(
+    ("environ", "launcher"),
+    [
+        ({**POD, "MASTER_ADDR": "digits-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2"}, "kubeflow"),
+        # The same variables outside a pod, or with LOCAL_RANK (a launcher that starts processes itself): not Kubeflow.
+        ({"MASTER_ADDR": "h", "MASTER_PORT": "1", "WORLD_SIZE": "3", "RANK": "2"}, "lightning"),
+        (
+            {**POD, "MASTER_ADDR": "h", "MASTER_PORT": "1", "WORLD_SIZE": "3", "RANK": "2", "LOCAL_RANK": "0"},
+            "lightning",
+        ),
+        # torchrun in a pod (a PyTorchJob with nprocPerNode) is torchrun.
+        (
+            {**POD, "MASTER_ADDR": "h", "MASTER_PORT": "1", "WORLD_SIZE": "2", "RANK": "0", "TORCHELASTIC_RUN_ID": "x"},
+            "torchrun",
+        ),
+        # A Ray Train worker, also inside a SLURM job (a Ray cluster on SLURM) or a pod (KubeRay), is Ray's.
+        (
+            {"RAY_RAYLET_PID": "7", "RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+            | {"NODE_RANK": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "ray", **POD, "MASTER_ADDR": "h"}
+            | {"MASTER_PORT": "1"},
+            "ray",
+        ),
+    ],
+)
+def test_kubeflow_and_ray_workers_are_told_apart_from_the_other_launchers(environ, launcher):
+    assert detect_environment(environ).launcher == launcher
+
+
+def test_kubeflow_pod_is_one_process_of_world_size_nodes():
+    pod = {**POD, "MASTER_ADDR": "digits-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2"}
+    plan = resolve_plan(ParallelConfig(scenario="cpu"), Hardware(0), detect_environment(pod), 64)
+    assert (plan.launcher, plan.devices, plan.num_nodes, plan.world_size) == ("kubeflow", 1, 3, 3)
+    assert plan.launch["ranks_on_this_node"] == [2] and plan.launch["master_addr"] == "digits-master-0"
+    # Lightning does not detect Kubeflow itself (its KubeflowEnvironment must be given): the plan names it.
+    assert plan.cluster_environment == "lightning.pytorch.plugins.environments.KubeflowEnvironment"
+    with pytest.raises(UserError, match=r"parallel.devices=2 disagrees with kubeflow, which started 1 \(one process"):
+        _plan(pod)
+
+
+def test_pytorchjob_manifest_runs_the_template_in_every_pod():
+    job = yaml.safe_load(PYTORCHJOB.read_text())
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert set(replicas) == {"Master", "Worker"} and replicas["Master"]["replicas"] == 1
+    commands = []
+    for spec in replicas.values():
+        (container,) = spec["template"]["spec"]["containers"]
+        assert container["name"] == "pytorch"  # the container the operator sets the variables in
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1  # one process, one GPU per pod
+        commands.append(container["command"])
+    assert commands[0] == commands[1] and commands[0][:4] == ["python", "-m", "project", "fit"]
+    configs = [commands[0][i + 1] for i, arg in enumerate(commands[0]) if arg == "--config"]
+    assert configs and all((REPO / config).is_file() for config in configs)
+
+
+def test_ray_plan_submits_a_job_of_world_size_workers_and_refuses_what_ray_cannot_run():
+    driver = _plan({"RAY_ADDRESS": "10.0.0.1:6379", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "ray"}, launcher="ray")
+    # In the driver (even inside the SLURM job that hosts the Ray cluster) no rank runs: Ray starts the workers.
+    assert (driver.launcher, driver.world_size, driver.launch) == ("ray", 2, {"workers": 2, "address": "10.0.0.1:6379"})
+    assert driver.cluster_environment is None and "submits a Ray Train job of 2 worker(s)" in driver.notes[-1]
+    assert _plan({}, launcher="ray").launch["address"] == "local"
+    torchrun = {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    with pytest.raises(UserError, match=r"parallel.launcher=ray in a process that torchrun started"):
+        _plan(torchrun, launcher="ray")
+    fork = resolve_plan(
+        ParallelConfig(scenario="fork", devices=2, launcher="ray"), Hardware(0), detect_environment({}), 64
+    )
+    with pytest.raises(UserError, match=r"scenario='fork' forks the ranks from this process"):
+        check_ray_plan(fork)
+    ids = resolve_plan(
+        ParallelConfig(scenario="ddp", devices=[1, 3], launcher="ray"), Hardware(4), detect_environment({}), 8
+    )
+    with pytest.raises(UserError, match=r"parallel.devices=\[1, 3\] names GPUs.*parallel.devices=2"):
+        check_ray_plan(ids)
+
+
+def pytorchjob_command() -> list[str]:
+    """The manifest's command after ``python -m project``."""
+    job = yaml.safe_load(PYTORCHJOB.read_text())
+    return job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"][3:]
 
 
 def test_sbatch_script_is_valid_bash_and_launches_with_srun():
@@ -204,3 +293,16 @@ def test_slurm_variables_are_detected_by_lightning_and_the_plan(tmp_path):
     finish(tasks)
     plan = assert_layout(tmp_path, "slurm", 2)
     assert plan["launch"]["ranks_on_this_node"] == [0, 1]
+
+
+@pytest.mark.distributed
+def test_kubeflow_pytorchjob_of_two_pods_as_two_processes(tmp_path):
+    """The manifest's own command in two "pods" on localhost, with the operator's variables (one process each)."""
+    job = {**POD, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    # On CPU: 2 CPU processes over gloo instead of the manifest's GPUs; one per pod, as Kubeflow starts them.
+    args = [*pytorchjob_command(), "--config", CPU_DDP, "--parallel.devices", "1", *SHORT]
+    (tmp_path / "configs").symlink_to(REPO / "configs")  # the manifest's relative paths, as in its workingDir
+    pods = [start_cli(args, tmp_path, {**job, "RANK": str(rank)}, ("-m", "project")) for rank in (0, 1)]
+    finish(pods)
+    plan = assert_layout(tmp_path, "kubeflow", 2, num_nodes=2)
+    assert plan["devices"] == 1 and plan["launch"]["ranks_on_this_node"] == [0]

@@ -1,27 +1,45 @@
-"""What launched us: Lightning's own launcher, torchrun, legacy torch.distributed.launch, or SLURM.
+"""What launched us: Lightning's own launcher, torchrun, legacy torch.distributed.launch, SLURM, Kubeflow or Ray.
 
 Detection follows Lightning's order (TorchElastic, SLURM, else Lightning's environment) so that the
-plan we print is the layout Lightning will actually use.
+plan we print is the layout Lightning will actually use. Two launchers Lightning does not detect come
+before SLURM: a Ray Train worker (which inherits SLURM's variables when the Ray cluster runs inside a
+SLURM job) and a Kubeflow PyTorchJob pod; for them the plan names the Lightning ``ClusterEnvironment``
+that reads their ranks (:func:`cluster_environment`), and the Trainer is given it.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, get_args
 
 from project.errors import UserError
+from project.parallel.config import Launcher
 
 LIGHTNING = "lightning"
 TORCHRUN = "torchrun"
 LEGACY_LAUNCH = "torch.distributed.launch"
 SLURM = "slurm"
+KUBEFLOW = "kubeflow"
+RAY = "ray"
 # Set by main() when it removed a legacy --local_rank argument, so that child code can tell.
 LEGACY_FLAG_ENV = "PROJECT_LEGACY_LAUNCH"
 
 _LOCAL_RANK_ARG = re.compile(r"^--local[-_]rank(?:=(.*))?$")
+# What Ray Train sets in each worker (ray.train.torch's TorchConfig), beside the raylet's RAY_RAYLET_PID.
+_RAY_WORKER_VARS = ("RAY_RAYLET_PID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
+# What the Kubeflow training operator sets in each PyTorchJob pod (one process per pod).
+_KUBEFLOW_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+# Set in every Kubernetes pod by the kubelet.
+_KUBERNETES_VARS = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_PORT")
+#: The Lightning cluster environments of the launchers Lightning does not detect by itself.
+CLUSTER_ENVIRONMENTS = {
+    RAY: "ray.train.lightning.RayLightningEnvironment",
+    KUBEFLOW: "lightning.pytorch.plugins.environments.KubeflowEnvironment",
+}
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,10 @@ class LaunchEnvironment:
     # torchrun only: --max-restarts, and whether the workers share the agent's rendezvous store.
     max_restarts: int | None = None
     agent_store: bool | None = None
+    # Ray and Kubeflow: the Lightning ClusterEnvironment (import path) that reads this launcher's ranks.
+    cluster_environment: str | None = None
+    # RAY_ADDRESS: the Ray cluster a driver (parallel.launcher: ray) submits to; None starts a local one.
+    address: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for plan.json."""
@@ -60,10 +82,22 @@ def _is_slurm(environ: Mapping[str, str]) -> bool:
     return "SLURM_NTASKS" in environ and environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
 
 
+def _is_ray_worker(environ: Mapping[str, str]) -> bool:
+    return all(key in environ for key in _RAY_WORKER_VARS)
+
+
+def _is_kubeflow(environ: Mapping[str, str]) -> bool:
+    # Lightning 1.x detected Kubeflow by these variables and stopped (torchrun in a pod sets them too); torchrun is
+    # detected first here, and a launcher that starts processes itself sets LOCAL_RANK, which Kubeflow's pods lack.
+    in_pod = any(key in environ for key in _KUBERNETES_VARS)
+    return in_pod and all(key in environ for key in _KUBEFLOW_VARS) and "LOCAL_RANK" not in environ
+
+
 def detect_environment(environ: Mapping[str, str] | None = None) -> LaunchEnvironment:
     """Read the launcher and its layout from environment variables."""
     env = os.environ if environ is None else environ
     common = {"master_addr": env.get("MASTER_ADDR"), "master_port": _int(env, "MASTER_PORT")}
+    common["address"] = env.get("RAY_ADDRESS") or None  # where parallel.launcher=ray would submit the job
     if "TORCHELASTIC_RUN_ID" in env:
         world, local_world = _int(env, "WORLD_SIZE"), _int(env, "LOCAL_WORLD_SIZE")
         nodes = world // local_world if world and local_world else None
@@ -78,6 +112,35 @@ def detect_environment(environ: Mapping[str, str] | None = None) -> LaunchEnviro
             node_rank=_int(env, "GROUP_RANK"),
             max_restarts=_int(env, "TORCHELASTIC_MAX_RESTARTS"),
             agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+            **common,
+        )
+    if _is_ray_worker(env):
+        world, local_world = _int(env, "WORLD_SIZE"), _int(env, "LOCAL_WORLD_SIZE")
+        return LaunchEnvironment(
+            launcher=RAY,
+            external=True,
+            world_size=world,
+            local_world_size=local_world,
+            # Ray places the workers; an uneven placement has no node count (the plan then says what differs).
+            num_nodes=world // local_world if world and local_world and world % local_world == 0 else None,
+            rank=_int(env, "RANK"),
+            local_rank=_int(env, "LOCAL_RANK"),
+            node_rank=_int(env, "NODE_RANK"),
+            cluster_environment=CLUSTER_ENVIRONMENTS[RAY],
+            **common,
+        )
+    if _is_kubeflow(env):
+        world, rank = _int(env, "WORLD_SIZE"), _int(env, "RANK")
+        return LaunchEnvironment(
+            launcher=KUBEFLOW,
+            external=True,
+            world_size=world,
+            local_world_size=1,  # one process per pod: each pod is a node
+            num_nodes=world,
+            rank=rank,
+            local_rank=0,
+            node_rank=rank,
+            cluster_environment=CLUSTER_ENVIRONMENTS[KUBEFLOW],
             **common,
         )
     if _is_slurm(env):
@@ -104,14 +167,53 @@ def detect_environment(environ: Mapping[str, str] | None = None) -> LaunchEnviro
     )
 
 
+def requested_launcher(asked: str, environment: LaunchEnvironment) -> LaunchEnvironment:
+    """The environment a plan resolves against, given ``parallel.launcher``.
+
+    With ``auto``, or inside one of Ray's workers, that is the detected one. With ``ray`` anywhere else this
+    process is the Ray driver: Ray Train starts the workers (the outside launcher, which takes the layout
+    from the plan), and this process submits the job and waits. SLURM's or Kubeflow's variables then
+    describe the allocation the Ray cluster runs in, not ranks of this command.
+
+    Raises:
+        UserError: an unknown launcher, or ``ray`` in a process that torchrun started (each rank would
+            submit its own job).
+    """
+    if asked not in get_args(Launcher):
+        raise UserError(f"parallel.launcher={asked!r} is not one of {', '.join(get_args(Launcher))}")
+    if asked != RAY or environment.launcher == RAY:
+        return environment
+    if environment.launcher in (TORCHRUN, LEGACY_LAUNCH):
+        raise UserError(
+            f"parallel.launcher=ray in a process that {environment.launcher} started: every rank would submit its "
+            "own Ray job; run `python -m project ...` once, without torchrun (Ray Train starts the workers), or "
+            "drop parallel.launcher"
+        )
+    return LaunchEnvironment(launcher=RAY, external=True, address=environment.address)
+
+
+def cluster_environment(path: str) -> Any:
+    """A new instance of the Lightning ``ClusterEnvironment`` at ``path`` (one of :data:`CLUSTER_ENVIRONMENTS`)."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)()
+
+
 def describe_launch(environment: LaunchEnvironment, per_node: int, num_nodes: int) -> tuple[dict[str, Any], list[str]]:
     """What this process's launch looks like (ranks on this node, master address), and notes where it will not work.
 
     Returns:
         The ``launch`` record for the plan, and notes for layouts that would hang or fail at start-up.
     """
-    launch = {k: v for k, v in environment.to_dict().items() if k not in ("launcher", "external") and v is not None}
+    own = ("launcher", "external", "cluster_environment", "address")  # shown elsewhere in the plan
+    launch = {k: v for k, v in environment.to_dict().items() if k not in own and v is not None}
     world_size = per_node * num_nodes
+    if environment.launcher == RAY and environment.rank is None:  # the Ray driver: it runs no rank itself
+        where = f"the Ray cluster at {environment.address}" if environment.address else "a local Ray instance"
+        launch = {"workers": world_size, "address": environment.address or "local"}
+        return launch, [
+            f"ray: this command submits a Ray Train job of {world_size} worker(s) to {where} and waits; each "
+            "worker runs the same command (no rank runs in this process)"
+        ]
     if world_size == 1:
         return launch, []
     node_rank = environment.node_rank or 0

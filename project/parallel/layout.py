@@ -18,6 +18,8 @@ SCENARIO_DEVICES = {"cpu": "cpu", "single": "gpu", "dp": "gpu", "ddp": "gpu", "f
 # Where an outside launcher's numbers come from, for messages that say what to change.
 _LAUNCHER_SOURCES = {
     "slurm": {"devices": "--ntasks-per-node (SLURM_NTASKS_PER_NODE)", "num_nodes": "--nodes (SLURM_NNODES)"},
+    "kubeflow": {"devices": "one process per pod", "num_nodes": "the PyTorchJob's replicas (WORLD_SIZE)"},
+    "ray": {"devices": "the workers Ray placed on this node (LOCAL_WORLD_SIZE)", "num_nodes": "Ray's placement"},
 }
 _ELASTIC_SOURCES = {
     "devices": "--nproc_per_node (LOCAL_WORLD_SIZE)",

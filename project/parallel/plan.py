@@ -24,7 +24,7 @@ from typing import Any
 from project.errors import UserError
 from project.parallel.batch import lr_factor, resolve_batch
 from project.parallel.config import BACKENDS, Hardware, ParallelConfig
-from project.parallel.environment import LaunchEnvironment, describe_launch
+from project.parallel.environment import LaunchEnvironment, cluster_environment, describe_launch, requested_launcher
 from project.parallel.layout import LaunchMismatchError, Layout, resolve_layout
 from project.parallel.strategies import STRATEGIES, ddp_buffer_kwargs, is_interactive, strategy_name
 
@@ -52,6 +52,8 @@ class Plan:
     sync_batchnorm: bool
     degrees: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: Ray and Kubeflow: the Lightning ClusterEnvironment (import path) that reads the launcher's ranks.
+    cluster_environment: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the documented keys (``strategy`` carries its key arguments)."""
@@ -66,10 +68,17 @@ class Plan:
             "accelerator": self.accelerator,
             "devices": self.devices,
             "num_nodes": self.num_nodes,
-            "strategy": STRATEGIES[self.strategy].build(self.strategy_args, self.backend),
+            "strategy": self._strategy(),
             "sync_batchnorm": self.sync_batchnorm,
             "accumulate_grad_batches": self.accumulation,
         }
+
+    def _strategy(self) -> Any:
+        """The table's strategy; for a launcher Lightning does not detect, with the environment that reads its ranks."""
+        strategy = STRATEGIES[self.strategy].build(self.strategy_args, self.backend)
+        if self.cluster_environment is not None and not isinstance(strategy, str):
+            strategy.cluster_environment = cluster_environment(self.cluster_environment)
+        return strategy
 
 
 def _backend(config: ParallelConfig, layout: Layout) -> str | None:
@@ -105,6 +114,7 @@ def resolve_plan(
     Raises:
         UserError: with the bad value, the rule and the fix, for every invalid combination.
     """
+    environment = requested_launcher(config.launcher, environment)
     layout = resolve_layout(config, hardware, environment)
     if config.timeout_s <= 0:
         raise UserError(f"parallel.timeout_s={config.timeout_s} must be > 0 seconds")
@@ -170,4 +180,5 @@ def resolve_plan(
         sync_batchnorm=config.sync_batchnorm,
         degrees={"dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard},
         notes=(*notes, *launch_notes),
+        cluster_environment=environment.cluster_environment if layout.world_size > 1 else None,
     )

@@ -1,0 +1,134 @@
+"""A real SLURM: scripts/slurm/train.sbatch submitted to a one-node cluster started on this machine.
+
+The cluster is Debian's slurm-wlm (slurmctld + slurmd, authenticated by its own munged), configured in a temporary
+folder on free ports, and stopped at the end. Skipped, with the reason, where SLURM is not installed or cannot
+start; tests/test_launchers.py checks SLURM's variables without a cluster.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import CPU_DDP, FAST, REPO, cli_env, free_port, read_plan, read_scalars, run_dirs, stop_tree
+
+pytestmark = pytest.mark.distributed
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo")
+SBATCH = REPO / "scripts" / "slurm" / "train.sbatch"
+
+
+def _conf(folder: Path, user: str) -> str:
+    host = socket.gethostname().split(".")[0]
+    return f"""\
+ClusterName=template-test
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+AuthType=auth/munge
+AuthInfo=socket={folder}/munge.sock
+CredType=cred/munge
+SlurmUser={user}
+SlurmdUser={user}
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SwitchType=switch/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory) -> Iterator[dict[str, str]]:
+    """A one-node SLURM cluster (munged, slurmctld, slurmd); yields the environment that points sbatch at it."""
+    missing = [name for name in DAEMONS if shutil.which(name) is None]
+    if missing:
+        pytest.skip(f"SLURM is not installed here (no {', '.join(missing)}; apt-get install slurm-wlm)")
+    folder = tmp_path_factory.mktemp("slurm")
+    for sub in ("state", "spool"):
+        (folder / sub).mkdir()
+    key = folder / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    conf = folder / "slurm.conf"
+    conf.write_text(_conf(folder, getpass.getuser()))
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    munge = [f"--key-file={key}", f"--socket={folder}/munge.sock", f"--pid-file={folder}/munged.pid"]
+    munge += [f"--log-file={folder}/munged.log", f"--seed-file={folder}/munged.seed"]
+    commands = (
+        ["munged", "--foreground", "--force", *munge],
+        ["slurmctld", "-D", "-f", str(conf)],
+        ["slurmd", "-D", "-f", str(conf)],
+    )
+    daemons: list[subprocess.Popen] = []
+    try:
+        for command in commands:
+            with (folder / f"{command[0]}.out").open("w") as log:
+                daemons.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+            if command[0] == "munged":
+                _wait(lambda: (folder / "munge.sock").exists(), daemons, folder, "munged")
+        _wait(lambda: _idle(env), daemons, folder, "the node")
+        yield {"SLURM_CONF": str(conf)}
+    finally:
+        stop_tree(*daemons)
+
+
+def _idle(env: dict[str, str]) -> bool:
+    state = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, timeout=10)
+    return state.stdout.strip() == "idle"
+
+
+def _wait(ready, daemons: list[subprocess.Popen], folder: Path, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        ended = [d.args[0] for d in daemons if d.poll() is not None]
+        if ended or time.monotonic() > deadline:
+            logs = " | ".join(p.read_text()[-300:].replace("\n", " ") for p in sorted(folder.glob("*.out")))
+            pytest.skip(f"a one-node SLURM could not start here ({what} not ready; ended: {ended or 'none'}): {logs}")
+        time.sleep(0.3)
+
+
+def test_sbatch_script_runs_two_tasks_with_srun(slurm, tmp_path):
+    # The script's relative paths, from the submit folder; the run directory lands there too.
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    # On CPU: 2 tasks over gloo in place of the script's GPUs (the later --config replaces its parallel section).
+    fit = ["--config", CPU_DDP, "--config", FAST, "--trainer.max_steps", "6", "--trainer.limit_val_batches", "2"]
+    options = ["--wait", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gres=none"]
+    options += [f"--output={tmp_path}/slurm-%j.out"]
+    env = cli_env({**slurm, "PYTHON": sys.executable})
+    result = subprocess.run(
+        ["sbatch", *options, str(SBATCH), *fit], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    (log,) = tmp_path.glob("slurm-*.out")
+    output = result.stdout + result.stderr + log.read_text()
+    assert result.returncode == 0, output[-5000:]
+    (run,) = run_dirs(tmp_path)
+    assert f"Run directory: logs/digits/{run.name}" in output
+    plan = read_plan(run)
+    assert (plan["launcher"], plan["world_size"], plan["num_nodes"]) == ("slurm", 2, 1), plan
+    assert plan["launch"]["ranks_on_this_node"] == [0, 1]
+    assert plan["runtime"]["cluster_environment"] == "SLURMEnvironment", plan["runtime"]
+    assert plan["runtime"]["world_size"] == 2
+    assert "test/acc" in read_scalars(run)
