@@ -92,15 +92,25 @@ def match_state_dict(state: dict[str, torch.Tensor], net: nn.Module) -> dict[str
     return stripped
 
 
+def _read_weights(file: Path) -> Any:
+    """What a weights file holds; a sharded (FSDP) checkpoint folder is merged into one Lightning checkpoint."""
+    from project.checkpoints.sharded import is_sharded_checkpoint, load_full_checkpoint
+
+    return load_full_checkpoint(file, weights_only=True) if is_sharded_checkpoint(file) else safe_load(file)
+
+
 def load_weights(net: nn.Module, path: str | os.PathLike[str]) -> None:
     """Load a plain, DataParallel/DDP (``module.``) or Lightning ``.ckpt`` state dict into ``net``.
+
+    Also a sharded checkpoint folder (``scenario: fsdp``), merged here. The network is loaded before any
+    sharding, so raw DP/DDP weights start an FSDP run just as they start a DDP one.
 
     Raises:
         UserError: the file is missing, unsafe, corrupt, or its keys/shapes do not fit ``net``
             (the message lists missing and unexpected keys).
     """
     file = Path(path)
-    state = match_state_dict(_state_dict_of(safe_load(file), file), net)
+    state = match_state_dict(_state_dict_of(_read_weights(file), file), net)
     diff = diff_state_dicts(state, net.state_dict())
     if diff:
         raise UserError(
@@ -178,12 +188,21 @@ def export_network(net: nn.Module, folder: str | os.PathLike[str], spec: Mapping
 
     ``spec`` defaults to :func:`network_spec` of the bare network.
     """
-    out = Path(folder)
     bare = unwrap(net)
     spec = dict(spec) if spec is not None else network_spec(bare)
-    state = {k: v.detach().cpu().clone() for k, v in bare.state_dict().items()}
-    atomic_torch_save(state, out / EXPORT_WEIGHTS)
-    atomic_write_text(out / EXPORT_SPEC, json.dumps(spec, indent=2) + "\n")
+    return export_state_dict(bare.state_dict(), folder, spec)
+
+
+def export_state_dict(
+    state: Mapping[str, torch.Tensor], folder: str | os.PathLike[str], spec: Mapping[str, Any]
+) -> Path:
+    """Write the network's plain state dict (``model.pt``) and ``spec`` (``model.json``) into ``folder``.
+
+    For a network whose weights are not in one module (a sharded network's, gathered from its shards).
+    """
+    out = Path(folder)
+    atomic_torch_save({k: v.detach().cpu().clone() for k, v in state.items()}, out / EXPORT_WEIGHTS)
+    atomic_write_text(out / EXPORT_SPEC, json.dumps(dict(spec), indent=2) + "\n")
     return out
 
 

@@ -10,7 +10,6 @@ weights when there is none) to ``<run>/export/``. Whether that export can be reb
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,17 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
-from project.checkpoints.loading import load_lightning_checkpoint
+from project.checkpoints.sharded import checkpoint_weights
 from project.errors import UserError
-from project.export import check_rebuildable, export_network, match_state_dict, network_spec, unwrap
+from project.export import (
+    check_rebuildable,
+    export_network,
+    export_state_dict,
+    match_state_dict,
+    network_spec,
+    unwrap,
+)
+from project.parallel.fsdp import is_sharded
 from project.runs import run_directory
 
 
@@ -95,12 +102,18 @@ class UnwrapEvalCallback(L.Callback):
         check_rebuildable(self._spec, net)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Swap the DDP wrapper for the bare module while validating (``model = model.module``)."""
+        """Swap the DDP wrapper for the bare module while validating (``model = model.module``).
+
+        A sharded (FSDP) module is not swapped: its forward gathers its parameters itself. Its ranks still
+        evaluate rank 0's buffers, which are what its checkpoint holds.
+        """
         model = trainer.strategy.model
         if model is not None and unwrap(model) is not model:
             broadcast_buffers_from_rank0(trainer, pl_module)
             self._wrapper = model
             trainer.strategy.model = pl_module
+        elif is_sharded(pl_module):
+            broadcast_buffers_from_rank0(trainer, pl_module)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Put the wrapper back for training."""
@@ -109,18 +122,29 @@ class UnwrapEvalCallback(L.Callback):
             self._wrapper = None
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Rank 0 exports the plain network; the others wait for nothing (no collective here)."""
+        """Rank 0 exports the plain network; the others wait for nothing (no collective here).
+
+        The one exception: a sharded network without a best checkpoint is gathered from its shards on every
+        rank (a collective) and written by rank 0.
+        """
         if not self.export or self._spec is None:
             return
         log_dir = run_directory(trainer)
-        if not trainer.is_global_zero or log_dir is None or trainer.fast_dev_run:
-            return
         _, net = find_network(unwrap(pl_module), self.net_attribute)
         best = self._best_path(trainer)
+        gathered = _gather_full_state(net) if best is None and is_sharded(net) and not trainer.fast_dev_run else None
+        if not trainer.is_global_zero or log_dir is None or trainer.fast_dev_run:
+            return
+        folder = Path(log_dir) / "export"
         if best is not None:
-            # A copy, so the in-memory model (and what `test` after fit sees) is untouched.
-            net = _copy_with_weights(net, best)
-        self.export_dir = export_network(net, Path(log_dir) / "export", self._spec)
+            # Read from the file (or the sharded folder), so the in-memory model (what `test` after fit sees)
+            # is untouched.
+            state = match_state_dict(checkpoint_weights(best), net)
+            self.export_dir = export_state_dict(state, folder, self._spec)
+        elif gathered is not None:
+            self.export_dir = export_state_dict(gathered, folder, self._spec)
+        else:
+            self.export_dir = export_network(net, folder, self._spec)
 
     def _best_path(self, trainer: L.Trainer) -> str | None:
         checkpoint = trainer.checkpoint_callback
@@ -129,8 +153,8 @@ class UnwrapEvalCallback(L.Callback):
         return checkpoint.best_model_path or None
 
 
-def _copy_with_weights(net: nn.Module, checkpoint_path: str) -> nn.Module:
-    clone = copy.deepcopy(net).cpu()
-    state = load_lightning_checkpoint(checkpoint_path)["state_dict"]
-    clone.load_state_dict(match_state_dict(state, clone))
-    return clone
+def _gather_full_state(net: nn.Module) -> dict[str, Any]:
+    """The full state dict of a sharded network, gathered from every rank's shards (call on every rank)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -68,15 +68,50 @@ def _build_ddp(args: dict[str, Any], backend: str | None) -> Any:
     )
 
 
+def _fsdp_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
+    from project.parallel.fsdp import DEFAULT_WRAP_RULE, RESHARD_AFTER_FORWARD
+
+    return {
+        "sharding": config.sharding,
+        "reshard_after_forward": RESHARD_AFTER_FORWARD[config.sharding],
+        "cpu_offload": config.cpu_offload,
+        "wrap_modules": list(config.wrap_modules) if config.wrap_modules is not None else None,
+        "wrap_rule": "parallel.wrap_modules" if config.wrap_modules is not None else DEFAULT_WRAP_RULE,
+        "checkpoint": "sharded (torch.distributed.checkpoint folder)",
+        "timeout_s": config.timeout_s,
+    }
+
+
+def _build_fsdp(args: dict[str, Any], backend: str | None) -> Any:
+    from project.parallel.fsdp import FSDPStrategy
+
+    return FSDPStrategy(
+        sharding=args["sharding"],
+        cpu_offload=args["cpu_offload"],
+        wrap_modules=args["wrap_modules"],
+        process_group_backend=backend,
+        timeout=timedelta(seconds=args["timeout_s"]),
+    )
+
+
 STRATEGIES: dict[str, StrategyRow] = {
     # One process: Lightning picks the single-device strategy for the accelerator and device given.
     "single_device": StrategyRow(args=lambda config, start_method: {}, build=lambda args, backend: "auto"),
     "ddp": StrategyRow(args=_ddp_args, build=_build_ddp),
     # DDP whose ranks are forked from this process (Lightning's ddp_notebook): what Jupyter needs.
     "ddp_fork": StrategyRow(args=lambda config, start_method: _ddp_args(config, "fork"), build=_build_ddp),
+    # FSDP2 (fully_shard) applied by the template to any LightningModule: project/parallel/fsdp.py.
+    "fsdp": StrategyRow(args=_fsdp_args, build=_build_fsdp),
 }
 #: The strategy of each scenario on more than one process (dp runs as DDP: Lightning removed DataParallel).
-SCENARIO_STRATEGY = {"cpu": "ddp", "single": "single_device", "dp": "ddp", "ddp": "ddp", "fork": "ddp_fork"}
+SCENARIO_STRATEGY = {
+    "cpu": "ddp",
+    "single": "single_device",
+    "dp": "ddp",
+    "ddp": "ddp",
+    "fork": "ddp_fork",
+    "fsdp": "fsdp",
+}
 
 
 def strategy_name(scenario: str, world_size: int) -> str:

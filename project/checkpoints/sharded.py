@@ -1,0 +1,358 @@
+"""Sharded checkpoints (``scenario: fsdp``): ``torch.distributed.checkpoint`` folders, atomic, read safely, merged.
+
+A sharded checkpoint is a folder with the checkpoint's usual name (``last.ckpt/``): one ``__<rank>_0.distcp``
+file per rank with that rank's shards of the weights and optimizer state, DCP's ``.metadata`` (where each shard
+of each tensor lies) and Lightning's ``meta.pt`` (everything else: loops, callbacks, schedulers, epoch, step).
+
+- **Atomic.** Every rank writes into a hidden ``.last.ckpt.<token>.tmp/`` folder; when all have finished (DCP
+  writes ``.metadata`` only then) rank 0 adds ``meta.pt``, syncs, and swaps the folder onto its name in one
+  ``renameat2(RENAME_EXCHANGE)`` (two renames where the file system lacks it). A kill at any point leaves the
+  previous checkpoint under the name, or a hidden folder that nothing resumes from.
+- **Read safely.** DCP reads ``.metadata`` with plain pickle and small objects with ``weights_only=False``;
+  here both go through the project's policy: only DCP's metadata classes and weights-only objects load,
+  unless ``PROJECT_ALLOW_PICKLE=1``.
+- **Any world size.** DCP reshards on load (2 -> 4 processes), and :func:`load_full_checkpoint` merges the
+  shards into an ordinary Lightning checkpoint in one process, which is how one process (or DDP) resumes
+  a sharded checkpoint and what ``python -m project consolidate`` writes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner, FileSystemReader, FileSystemWriter
+
+# dcp_to_torch_save's planner and loader: the public way to read a DCP folder into one process without
+# process group, minus its unrestricted unpickling (torch has no public name for either).
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+from project.checkpoints.loading import ALLOW_PICKLE_ENV, load_lightning_checkpoint, pickle_allowed, safe_load
+from project.errors import UserError
+
+#: DCP's index of the shards (written last, by rank 0, once every rank has written its shards).
+DCP_METADATA = ".metadata"
+#: Lightning's part of the checkpoint (``ModelParallelStrategy`` calls it so too).
+LIGHTNING_META = "meta.pt"
+_WEIGHTS = "state_dict"
+_OPTIMIZER = "optimizer_{}"
+
+# The classes DCP's .metadata pickles (torch 2.13), by (module, name).
+_METADATA_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in (
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a complete sharded checkpoint folder (DCP's index and Lightning's ``meta.pt``)."""
+    folder = Path(path)
+    return folder.is_dir() and (folder / DCP_METADATA).is_file() and (folder / LIGHTNING_META).is_file()
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata``, refusing any class but DCP's own metadata records (and torch dtypes)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        """The allowed class, or an error naming the one the file wants."""
+        if (module, name) in _METADATA_CLASSES or (
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        ):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader whose ``.metadata`` may hold DCP's metadata records only (unless pickle is allowed)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        """The index of the shards, read under the project's pickle policy."""
+        if pickle_allowed():
+            return super().read_metadata(*args, **kwargs)
+        file = Path(self.path) / DCP_METADATA
+        try:
+            with open(file, "rb") as handle:
+                metadata = _MetadataUnpickler(handle).load()
+        except pickle.UnpicklingError as error:
+            raise UserError(
+                f"'{file}' holds a pickled {str(error).removeprefix('GLOBAL ')}, which only arbitrary code can "
+                f"load, so it is refused; if you trust the checkpoint, rerun with {ALLOW_PICKLE_ENV}=1"
+            ) from error
+        except Exception as error:  # truncated or not a pickle at all
+            raise UserError(f"'{file}' is truncated or corrupt and cannot be loaded ({error})") from error
+        metadata.storage_meta = metadata.storage_meta or _storage_meta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def _storage_meta() -> Any:
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    return StorageMeta()
+
+
+class _WeightsOnlyBytes:
+    """Small non-tensor objects (optimizer hyperparameters) checked with ``weights_only=True`` before DCP loads them."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        """Refuse an object that needs more than weights-only unpickling; else DCP's own load puts it in place."""
+        if not pickle_allowed():
+            torch.load(value, weights_only=True)  # raises UnpicklingError naming what it would import
+            value.seek(0)
+        super().load_bytes(read_item, value)  # type: ignore[misc]
+
+
+class SafeLoadPlanner(_WeightsOnlyBytes, DefaultLoadPlanner):
+    """DCP's default load planner (into a state dict of the right shapes) with weights-only objects."""
+
+
+class _SafeEmptyPlanner(_WeightsOnlyBytes, _EmptyStateDictLoadPlanner):
+    """Loads whatever the checkpoint holds (full tensors, no process group), with weights-only objects."""
+
+
+def _unsafe_error(path: Path, error: Exception) -> UserError:
+    if isinstance(error, UserError):
+        return error
+    if isinstance(error, pickle.UnpicklingError):
+        return UserError(
+            f"'{path}' holds pickled objects beyond tensors and plain containers, which only arbitrary code can "
+            f"load, so weights_only=True refuses them; if you trust the checkpoint, rerun with {ALLOW_PICKLE_ENV}=1"
+        )
+    return UserError(f"sharded checkpoint '{path}' is incomplete or corrupt and cannot be loaded ({error})")
+
+
+def read_metadata(path: str | os.PathLike[str]) -> Any:
+    """DCP's index of a sharded checkpoint, read safely (one line on failure)."""
+    folder = Path(path)
+    try:
+        return SafeReader(folder).read_metadata()
+    except Exception as error:
+        raise _unsafe_error(folder, error) from error
+
+
+def read_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A sharded checkpoint without its tensors: ``meta.pt`` plus a ``state_dict`` of meta tensors (shapes only).
+
+    Enough to choose it, compare it with the model, and read the callbacks' state; nothing is loaded into memory.
+    """
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    folder = Path(path)
+    meta = safe_load(folder / LIGHTNING_META)
+    if not isinstance(meta, dict):
+        raise UserError(f"'{folder / LIGHTNING_META}' is not the metadata of a Lightning checkpoint")
+    shapes = {}
+    for key, item in read_metadata(folder).state_dict_metadata.items():
+        if key.startswith(f"{_WEIGHTS}.") and isinstance(item, TensorStorageMetadata):
+            shapes[key[len(_WEIGHTS) + 1 :]] = torch.empty(item.size, dtype=item.properties.dtype, device="meta")
+    return {**meta, _WEIGHTS: shapes}
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A checkpoint to start from: a Lightning checkpoint file, or a sharded folder's summary (:func:`read_summary`)."""
+    return read_summary(path) if is_sharded_checkpoint(path) else load_lightning_checkpoint(path)
+
+
+def _by_position(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state keyed by parameter names (DCP) keyed by position again, as ``Optimizer.state_dict``."""
+    groups = optimizer_state.get("param_groups", [])
+    position = {name: i for i, name in enumerate(n for group in groups for n in group["params"])}
+    return {
+        "state": {position[name]: value for name, value in optimizer_state.get("state", {}).items()},
+        "param_groups": [{**group, "params": [position[n] for n in group["params"]]} for group in groups],
+    }
+
+
+def load_full_checkpoint(path: str | os.PathLike[str], weights_only: bool = False) -> dict[str, Any]:
+    """A sharded checkpoint merged in this process into an ordinary Lightning checkpoint (no process group).
+
+    Args:
+        path: The checkpoint folder.
+        weights_only: Merge the weights only (export, ``consolidate --weights_only``): no optimizer state.
+
+    Raises:
+        UserError: not a complete sharded checkpoint, or one that holds more than weights-only objects.
+    """
+    folder = Path(path)
+    if not is_sharded_checkpoint(folder):
+        raise UserError(
+            f"'{folder}' is not a sharded checkpoint (a folder with {DCP_METADATA} and {LIGHTNING_META}, written by "
+            "scenario fsdp); give the folder itself, e.g. logs/<name>/version_<n>/checkpoints/last.ckpt"
+        )
+    meta = safe_load(folder / LIGHTNING_META)
+    keys = [_WEIGHTS] if weights_only else None
+    merged: dict[str, Any] = {}
+    try:
+        _load_state_dict(merged, storage_reader=SafeReader(folder), planner=_SafeEmptyPlanner(keys=keys), no_dist=True)
+    except Exception as error:
+        raise _unsafe_error(folder, error) from error
+    optimizers = [merged[_OPTIMIZER.format(i)] for i in range(len(merged)) if _OPTIMIZER.format(i) in merged]
+    checkpoint = {**meta, _WEIGHTS: merged.get(_WEIGHTS, {})}
+    if not weights_only:
+        checkpoint["optimizer_states"] = [_by_position(state) for state in optimizers]
+    return checkpoint
+
+
+def checkpoint_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """The ``state_dict`` of a Lightning checkpoint: a file, or a sharded folder merged here (weights only)."""
+    if is_sharded_checkpoint(path):
+        return load_full_checkpoint(path, weights_only=True)[_WEIGHTS]
+    return load_lightning_checkpoint(path)[_WEIGHTS]
+
+
+def load_sharded_into(
+    path: Path, module: nn.Module, optimizers: Sequence[torch.optim.Optimizer], strict: bool = True
+) -> dict[str, Any]:
+    """Load a sharded checkpoint into a sharded ``module`` and its ``optimizers`` (every rank: collectives).
+
+    DCP reads each rank's part of every tensor, whatever world size wrote the checkpoint. Returns ``meta.pt``.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    try:
+        weights = {_WEIGHTS: get_model_state_dict(module)}
+        dcp.load(weights, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
+        set_model_state_dict(module, weights[_WEIGHTS], options=StateDictOptions(strict=strict))
+        for i, optimizer in enumerate(optimizers):
+            state = {_OPTIMIZER.format(i): get_optimizer_state_dict(module, optimizer)}
+            dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
+            set_optimizer_state_dict(module, optimizer, state[_OPTIMIZER.format(i)])
+    except Exception as error:
+        raise _unsafe_error(path, error) from error
+    return safe_load(path / LIGHTNING_META)
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2``); False where the system or file system lacks it."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    done = renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE)
+    return done == 0
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def replace(source: Path, target: Path) -> None:
+    """Move ``source`` (a file or folder) onto ``target`` (a file, a folder, or nothing), atomically where possible.
+
+    ``os.replace`` cannot put a folder over a non-empty folder, nor a file over a folder; an exchange can,
+    after which ``source`` holds the old target and is removed.
+    """
+    if not target.exists() and not target.is_symlink():
+        os.rename(source, target)
+    elif _exchange(source, target):
+        _remove(source)
+    else:  # no atomic exchange here: two renames, the old one kept under a hidden name until the new is in place
+        old = target.with_name(f"{source.name}.old")
+        os.rename(target, old)
+        os.rename(source, target)
+        _remove(old)
+    _fsync_folder(target.parent)
+
+
+def partial_name(target: Path, token: str) -> Path:
+    """The hidden name a checkpoint is written under before it is complete (``.last.ckpt.<token>.tmp``)."""
+    return target.with_name(f".{target.name}.{token}.tmp")
+
+
+def save_sharded(
+    checkpoint: dict[str, Any], path: Path, token: str, is_rank_zero: bool, barrier: Callable[[], None]
+) -> None:
+    """Write a sharded checkpoint (every rank: collectives) atomically onto ``path``.
+
+    Args:
+        checkpoint: Lightning's checkpoint dict, its ``state_dict`` and ``optimizer_states`` sharded (DTensors).
+        path: The checkpoint's name (``.../last.ckpt``), the same on every rank.
+        token: A name part shared by all ranks and unique to this save.
+        is_rank_zero: Global rank 0 writes ``meta.pt`` and puts the folder in place.
+        barrier: Wait for every rank.
+    """
+    partial = partial_name(path, token)
+    shards = {_WEIGHTS: checkpoint[_WEIGHTS]}
+    shards.update({_OPTIMIZER.format(i): state for i, state in enumerate(checkpoint.get("optimizer_states", []))})
+    meta = {key: value for key, value in checkpoint.items() if key not in (_WEIGHTS, "optimizer_states")}
+    # Replicated tensors (buffers) are written by rank 0, as a DDP checkpoint holds rank 0's.
+    planner = DefaultSavePlanner(dedup_save_to_lowest_rank=True)
+    dcp.save(shards, storage_writer=FileSystemWriter(partial, sync_files=True, overwrite=False), planner=planner)
+    if is_rank_zero:  # DCP wrote .metadata after every rank's shards: the folder is complete but for meta.pt
+        with open(partial / LIGHTNING_META, "wb") as handle:
+            torch.save(meta, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _fsync_folder(partial)
+        replace(partial, path)
+    barrier()
+
+
+def write_file_over(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write a checkpoint file where a sharded folder of the same name is (a sharded run resumed on one process)."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    temporary = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        temporary.chmod(0o644)
+        replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def remove_partial(folder: Path) -> None:
+    """Delete the hidden, incomplete checkpoints (files and folders) a killed save left in ``folder``."""
+    for partial in folder.glob(".*.tmp"):
+        _remove(partial)

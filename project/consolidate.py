@@ -1,0 +1,62 @@
+"""``python -m project consolidate CKPT_DIR [--out FILE] [--weights_only]``: a sharded checkpoint as one plain file.
+
+A sharded (``scenario: fsdp``) checkpoint is a folder of per-rank shards. This merges it in one process, without
+a process group or a GPU, into an ordinary Lightning ``.ckpt`` (weights, optimizer state, loops, callbacks): what
+``--ckpt_path`` of any scenario, ``--model.init_args.weights`` and plain ``torch.load`` take. ``--weights_only``
+writes the LightningModule's state dict alone. The file is written atomically; an existing one is never replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from project.checkpoints.atomic import atomic_torch_save
+from project.checkpoints.sharded import is_sharded_checkpoint, load_full_checkpoint
+from project.errors import UserError
+
+USAGE = "python -m project consolidate CKPT_DIR [--out FILE] [--weights_only]"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"consolidate: {message}; usage: {USAGE}")
+
+
+def default_output(folder: Path) -> Path:
+    """``last.ckpt/`` -> ``last.consolidated.ckpt`` beside it."""
+    return folder.with_name(f"{folder.name.removesuffix('.ckpt')}.consolidated.ckpt")
+
+
+def consolidate(args: list[str]) -> Path:
+    """Merge the sharded checkpoint named in ``args`` into one file; returns the file.
+
+    Raises:
+        UserError: not a sharded checkpoint folder, an output that exists, or a checkpoint that does not load.
+    """
+    parser = _Parser(prog="python -m project consolidate", description=__doc__)
+    parser.add_argument("checkpoint", help="a sharded checkpoint folder (e.g. checkpoints/last.ckpt)")
+    parser.add_argument("--out", default=None, help="the file to write (default: <name>.consolidated.ckpt beside it)")
+    parser.add_argument("--weights_only", action="store_true", help="write the module's state dict only")
+    options = parser.parse_args(args)
+    folder = Path(options.checkpoint)
+    out = Path(options.out) if options.out else default_output(folder)
+    if not is_sharded_checkpoint(folder):
+        what = "a file" if folder.is_file() else "not a sharded checkpoint folder" if folder.exists() else "missing"
+        raise UserError(
+            f"consolidate: '{folder}' is {what}; give a sharded checkpoint folder written by scenario fsdp "
+            "(one with .metadata and meta.pt, e.g. logs/<name>/version_<n>/checkpoints/last.ckpt)"
+        )
+    if out.exists():
+        raise UserError(f"consolidate: '{out}' exists and is not replaced; remove it or give another --out")
+    if not out.parent.is_dir():
+        raise UserError(f"consolidate: the folder of --out '{out}' does not exist; create it or give another --out")
+    checkpoint = load_full_checkpoint(folder, weights_only=options.weights_only)
+    atomic_torch_save(checkpoint["state_dict"] if options.weights_only else checkpoint, out)
+    what = "state dict" if options.weights_only else "Lightning checkpoint"
+    sys.stdout.write(
+        f"Consolidated {folder} (epoch {checkpoint.get('epoch')}, step {checkpoint.get('global_step')}) into {out}: "
+        f"a plain {what}\n"
+    )
+    return out

@@ -1,0 +1,384 @@
+"""Fully sharded data parallel for any LightningModule: ``parallel.scenario: fsdp``.
+
+The strategy is Lightning's FSDP2-based :class:`~lightning.pytorch.strategies.ModelParallelStrategy` (its device
+mesh, launcher, sharded ``torch.distributed.checkpoint`` saves and loads), except that the module need not
+write ``configure_model``: the strategy applies ``torch.distributed.fsdp.fully_shard`` itself, from the plan.
+
+What is sharded: every child module of the LightningModule that holds parameters (the networks it calls,
+e.g. ``.net``) is one FSDP root, and inside it each module of ``wrap_modules`` is a unit of its own (its
+parameters are gathered just before its forward and freed after). Without ``wrap_modules`` the units are
+the outermost modules whose class occurs more than once in the network (an MLP's layers, a transformer's
+blocks): :func:`default_wrap_classes`. Parameters held by the LightningModule itself would not be
+sharded nor reduced, so they are refused.
+
+Sharding, in the words of FSDP1 / DeepSpeed:
+
+- ``full`` (FULL_SHARD, ZeRO-3): parameters, gradients and optimizer state sharded; parameters are freed
+  again after each unit's forward (``reshard_after_forward=True``).
+- ``grad_op`` (SHARD_GRAD_OP, ZeRO-2): gradients and optimizer state sharded; gathered parameters stay
+  from forward to backward (``reshard_after_forward=False``): less communication, more memory.
+- ``hybrid`` (HYBRID_SHARD): full sharding within a node, replicas across nodes (a 2-D mesh
+  ``(num_nodes, processes per node)``): the all-gathers stay on the fast intra-node links.
+
+It runs on GPUs (nccl) and, where no GPU is visible, on CPU processes over gloo (how it is tested here).
+"""
+
+from __future__ import annotations
+
+import importlib
+import uuid
+from collections import Counter
+from collections.abc import Generator, Iterable
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
+from torch import nn
+
+from project.checkpoints.sharded import is_sharded_checkpoint, load_sharded_into, save_sharded
+from project.errors import UserError
+
+if TYPE_CHECKING:
+    import lightning as L
+    from torch.distributed.device_mesh import DeviceMesh
+
+#: ``parallel.sharding`` -> ``fully_shard``'s ``reshard_after_forward``.
+RESHARD_AFTER_FORWARD = {"full": True, "grad_op": False, "hybrid": True}
+DEFAULT_WRAP_RULE = "the outermost modules whose class occurs more than once in the network"
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def sharded_roots(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The children of a LightningModule that FSDP shards (those with parameters: its networks).
+
+    Raises:
+        UserError: the LightningModule holds parameters itself, which FSDP would neither shard nor reduce.
+    """
+    own = [name for name, _ in module.named_parameters(recurse=False)]
+    if own:
+        raise UserError(
+            f"scenario fsdp shards the networks a LightningModule holds, but {type(module).__name__} holds the "
+            f"parameter(s) {', '.join(own)} itself; move them into a child nn.Module, or use scenario ddp"
+        )
+    return [(name, child) for name, child in module.named_children() if _has_parameters(child)]
+
+
+def _class_names(cls: type) -> set[str]:
+    return {cls.__name__, f"{cls.__module__}.{cls.__qualname__}"}
+
+
+def default_wrap_classes(roots: Iterable[nn.Module]) -> list[type]:
+    """Classes of the outermost modules (with parameters) whose class occurs more than once in a network."""
+    counts: Counter[type] = Counter()
+    for root in roots:
+        counts.update(type(m) for m in root.modules() if m is not root and _has_parameters(m))
+    chosen: list[type] = []
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            if counts[type(child)] > 1 and _has_parameters(child):
+                if type(child) not in chosen:
+                    chosen.append(type(child))
+            else:
+                visit(child)
+
+    for root in roots:
+        visit(root)
+    return chosen
+
+
+def resolve_wrap_classes(module: nn.Module, wrap_modules: list[str] | None) -> list[type]:
+    """The module classes that become FSDP units: ``wrap_modules`` (names or import paths) or the default rule.
+
+    Raises:
+        UserError: a name matches no module class of the model (the message lists the classes it has).
+    """
+    roots = [child for _, child in sharded_roots(module)]
+    if wrap_modules is None:
+        return default_wrap_classes(roots)
+    present = {type(m) for root in roots for m in root.modules() if _has_parameters(m)}
+    chosen: list[type] = []
+    for name in wrap_modules:
+        found = [cls for cls in present if name in _class_names(cls)]
+        if not found and "." in name:
+            found = [cls for cls in present if _imports_as(name, cls)]
+        if not found:
+            have = ", ".join(sorted(cls.__name__ for cls in present)) or "none"
+            raise UserError(
+                f"parallel.wrap_modules lists {name!r}, but {type(module).__name__}'s networks have no module of "
+                f"that class (they have: {have}); name one of those, or leave wrap_modules unset for the default"
+            )
+        chosen += [cls for cls in found if cls not in chosen]
+    return chosen
+
+
+def _imports_as(path: str, cls: type) -> bool:
+    module_name, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name) is cls
+    except (ImportError, AttributeError, ValueError):
+        return False
+
+
+def describe_wrapping(module: nn.Module, wrap_modules: list[str] | None) -> dict[str, Any]:
+    """What ``fully_shard`` makes units of: the networks (roots), the unit classes, how many units (for ``plan``)."""
+    classes = resolve_wrap_classes(module, wrap_modules)
+    roots = sharded_roots(module)
+    units = sum(1 for _, root in roots for m in root.modules() if m is not root and isinstance(m, tuple(classes)))
+    return {
+        "roots": [name for name, _ in roots],
+        "classes": [cls.__name__ for cls in classes],
+        "units": units,
+    }
+
+
+def plan_units(scenario: str, strategy: str, model: nn.Module | None, wrap_modules: list[str] | None) -> dict[str, Any]:
+    """``plan``'s view of the units: ``{"units": describe_wrapping(...)}`` under the fsdp strategy, else ``{}``.
+
+    Under scenario fsdp it checks ``wrap_modules`` against the model at any world size (one line if wrong).
+    """
+    if scenario != "fsdp" or model is None:
+        return {}
+    units = describe_wrapping(model, wrap_modules)
+    return {"units": units} if strategy == "fsdp" else {}
+
+
+def is_sharded(module: nn.Module) -> bool:
+    """Whether ``fully_shard`` was applied to ``module`` or one of its submodules."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in module.modules())
+
+
+def fsdp_modules(module: nn.Module) -> list[Any]:
+    """The FSDP units inside ``module``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in module.modules() if isinstance(m, FSDPModule)]
+
+
+def shard_module(
+    module: nn.Module,
+    mesh: DeviceMesh,
+    sharding: str,
+    cpu_offload: bool,
+    wrap_classes: list[type],
+) -> None:
+    """Apply ``fully_shard`` to each unit of ``module``'s networks (innermost first), then to each network."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    kwargs: dict[str, Any] = {
+        "mesh": mesh,
+        "reshard_after_forward": RESHARD_AFTER_FORWARD[sharding],
+        # Pinned host memory needs CUDA; on CPU processes the offload is a no-op anyway.
+        "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy(),
+    }
+    classes = tuple(wrap_classes)
+    for _, root in sharded_roots(module):
+        # Reversed pre-order puts every module after its descendants: fully_shard goes bottom-up.
+        for sub in reversed(list(root.modules())):
+            if sub is not root and isinstance(sub, classes) and _has_parameters(sub):
+                fully_shard(sub, **kwargs)
+        fully_shard(root, **kwargs)
+
+
+def broadcast_from_rank0(module: nn.Module) -> None:
+    """Give every rank rank 0's parameters and buffers before sharding, as DDP does when it wraps."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.device.type != "meta":
+                dist.broadcast(tensor, src=0)
+
+
+def sharded_grads_finite(grads: list[torch.Tensor]) -> bool | None:
+    """Whether sharded (FSDP) gradients are finite on every rank; ``None`` when they are not sharded.
+
+    Each rank holds its shard of the reduced gradients, so a nan may sit in one rank's shard only: each
+    rank checks its own and the verdicts are all-reduced (one one-element collective), so all ranks agree.
+    """
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(g, DTensor) for g in grads):
+        return None
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    norm = torch.nn.utils.get_total_norm(local, norm_type=2.0, foreach=True)
+    bad = (~torch.isfinite(norm)).float().reshape(1)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return not bool(bad.item())
+
+
+class FSDPStrategy(ModelParallelStrategy):
+    """FSDP2 over every process (or hybrid: sharded within a node, replicated across nodes), for any module.
+
+    Args:
+        sharding: full | grad_op | hybrid (see the module docstring).
+        cpu_offload: Keep sharded parameters, gradients and optimizer state in host memory (GPUs).
+        wrap_modules: Class names or import paths of the modules that become units; ``None``: the default rule.
+        process_group_backend: nccl | gloo; ``None``: Lightning's default for the device.
+        timeout: How long a collective may wait.
+    """
+
+    def __init__(
+        self,
+        sharding: str = "full",
+        cpu_offload: bool = False,
+        wrap_modules: list[str] | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = None,
+    ) -> None:
+        kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
+        super().__init__(save_distributed_checkpoint=True, process_group_backend=process_group_backend, **kwargs)
+        self.sharding = sharding
+        self.cpu_offload = cpu_offload
+        self.wrap_modules = wrap_modules
+        self._shard_mesh: DeviceMesh | None = None
+        self._gathered_for_evaluation: list[Any] = []
+        self._before_sharding: dict[str, nn.Parameter] = {}
+
+    def connect(self, model: L.LightningModule) -> None:
+        """Check, before anything runs, that the module's networks can be sharded as asked."""
+        resolve_wrap_classes(model, self.wrap_modules)
+        super().connect(model)
+
+    def setup_environment(self) -> None:
+        """One data-parallel dimension over all processes (no tensor parallelism); hybrid adds a 2-D mesh."""
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        self._tensor_parallel_size = 1
+        super().setup_environment()
+        if self.sharding == "hybrid":
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._shard_mesh = init_device_mesh(
+                self.root_device.type,
+                (self.num_nodes, self.num_processes),
+                mesh_dim_names=("dp_replicate", "dp_shard"),
+            )
+        else:
+            self._shard_mesh = self.device_mesh["data_parallel"]
+
+    def setup(self, trainer: L.Trainer) -> None:
+        """Shard the module (unless its ``configure_model`` did), then Lightning's usual setup."""
+        assert self.lightning_module is not None and self._shard_mesh is not None
+        module = self.lightning_module
+        # The parameters before sharding, kept alive (so their ids stay theirs) until the optimizers are built.
+        self._before_sharding = dict(module.named_parameters())
+        if not is_sharded(module):
+            broadcast_from_rank0(module)
+            classes = resolve_wrap_classes(module, self.wrap_modules)
+            shard_module(module, self._shard_mesh, self.sharding, self.cpu_offload, classes)
+        # Lightning's ModelParallelStrategy.setup insists on a configure_model that shards; the plain
+        # Strategy.setup does the rest (precision, device, optimizers over the sharded parameters).
+        Strategy.setup(self, trainer)
+        self._before_sharding = {}
+        self.barrier()
+
+    def setup_optimizers(self, trainer: L.Trainer) -> None:
+        """Lightning's optimizers, pointed at the sharded parameters.
+
+        LightningCLI builds the config's ``optimizer:`` when it builds the model, over the parameters as they
+        were before sharding; ``fully_shard`` replaced them (by name) with sharded ones.
+        """
+        super().setup_optimizers(trainer)
+        assert self.lightning_module is not None
+        now = dict(self.lightning_module.named_parameters())
+        live = {id(p) for p in now.values()}
+        names = {id(p): name for name, p in self._before_sharding.items()}
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                for i, param in enumerate(group["params"]):
+                    if id(param) not in live and id(param) in names:
+                        group["params"][i] = now[names[id(param)]]
+                        if param in optimizer.state:
+                            optimizer.state[group["params"][i]] = optimizer.state.pop(param)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        """Every rank writes its shards into a hidden folder; rank 0 moves it onto the name when complete."""
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options (got {storage_options!r})")
+        path = Path(self.broadcast(str(filepath)))
+        token = self.broadcast(uuid.uuid4().hex[:12])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_sharded(checkpoint, path, token, self.is_global_zero, self.barrier)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """A sharded checkpoint, resharded onto this world size (read safely); a plain file, as Lightning loads it."""
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if not is_sharded_checkpoint(path):
+            return super().load_checkpoint(path, weights_only=weights_only)
+        assert self.model is not None and self.lightning_module is not None
+        return load_sharded_into(path, self.model, self.optimizers, strict=self.lightning_module.strict_loading)
+
+    def teardown(self) -> None:
+        """Lightning's teardown, plus the checkpoint IO's (ModelParallelStrategy skips it): queued removals finish."""
+        super().teardown()
+        self.checkpoint_io.teardown()
+
+    @contextmanager
+    def block_backward_sync(self) -> Generator[None, None, None]:
+        """Accumulate gradients locally on the micro-batches before the last (DDP's ``no_sync``)."""
+        units = fsdp_modules(self.model) if self.model is not None else []
+        for unit in units:
+            unit.set_requires_gradient_sync(False, recurse=False)
+        try:
+            yield None
+        finally:
+            for unit in units:
+                unit.set_requires_gradient_sync(True, recurse=False)
+
+    # Evaluation: FSDP gathers each unit's parameters at every forward, a collective that every rank must
+    # join; exactly-once shards can give ranks different numbers of batches. Then the parameters are gathered
+    # once for the whole evaluation (the full model's memory, as under DDP) and freed after.
+
+    def _evaluation_batches(self, trainer: L.Trainer) -> list[float]:
+        if trainer.testing:
+            return list(trainer.num_test_batches)
+        if trainer.predicting:
+            return list(trainer.num_predict_batches)
+        if trainer.sanity_checking:
+            return list(trainer.num_sanity_val_batches)
+        return list(trainer.num_val_batches)
+
+    def _gather_if_uneven(self) -> None:
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        if trainer is None or self.world_size == 1:
+            return
+        mine = self._evaluation_batches(trainer)
+        counts = torch.tensor([float(sum(mine)), float(len(mine))], dtype=torch.float64, device=self.root_device)
+        everyone = [torch.zeros_like(counts) for _ in range(self.world_size)]
+        dist.all_gather(everyone, counts)
+        if all(torch.equal(c, everyone[0]) for c in everyone) and all(float(b) != float("inf") for b in mine):
+            return
+        units = fsdp_modules(self.lightning_module)
+        for unit in units:
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+        self._gathered_for_evaluation = units
+
+    def _reshard_after_evaluation(self) -> None:
+        for unit in self._gathered_for_evaluation:
+            unit.reshard()
+            unit.set_reshard_after_forward(RESHARD_AFTER_FORWARD[self.sharding], recurse=False)
+        self._gathered_for_evaluation = []
+
+    def on_validation_start(self) -> None:
+        """Gather the parameters for this evaluation if the ranks' batch counts differ."""
+        self._gather_if_uneven()
+
+    def on_validation_end(self) -> None:
+        """Free the gathered parameters."""
+        self._reshard_after_evaluation()
+
+    on_test_start = on_validation_start
+    on_test_end = on_validation_end
+    on_predict_start = on_validation_start
+    on_predict_end = on_validation_end
