@@ -28,6 +28,7 @@ from torch import Tensor
 
 from project.checkpoints import pending
 from project.errors import RunFailure, UserError
+from project.parallel.fsdp import sharded_grads_finite
 
 ACTIONS = ("stop", "skip")
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def _latest_checkpoint(trainer: L.Trainer) -> str | None:
         for cb in trainer.callbacks
         if isinstance(cb, ModelCheckpoint)
         for p in (cb.last_model_path, cb.best_model_path)
-        if p and Path(p).is_file()
+        if p and Path(p).exists()  # a sharded (FSDP) checkpoint is a folder
     }
     return str(max(paths, key=lambda p: p.stat().st_mtime)) if paths else None
 
@@ -128,7 +129,8 @@ class NonFiniteLossCallback(L.Callback):
         else:
             # Under DDP the all-reduced gradients decide: a rank-local loss check could let ranks disagree.
             grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            if _all_finite(grads):
+            sharded = sharded_grads_finite(grads)  # FSDP: each rank holds a shard; one all-reduced verdict
+            if sharded if sharded is not None else _all_finite(grads):
                 return
         losses = trainer.strategy.all_gather(loss).reshape(-1).cpu() if trainer.world_size > 1 else loss.reshape(1)
         bad = [rank for rank, value in enumerate(losses.tolist()) if not math.isfinite(value)]

@@ -28,7 +28,8 @@ from typing import Any
 from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from project.checkpoints.loading import load_lightning_checkpoint, safe_load
+from project.checkpoints.loading import safe_load
+from project.checkpoints.sharded import is_sharded_checkpoint, read_checkpoint, read_summary, remove_partial
 from project.errors import UserError
 
 #: ``--resume`` values: ``auto`` continues the newest good checkpoint of the run name, or starts fresh.
@@ -112,7 +113,7 @@ class Chosen:
 def _load_resumable(path: Path) -> tuple[dict[str, Any] | None, str]:
     """The checkpoint at ``path`` if it loads safely and holds a full training state; else the reason."""
     try:
-        checkpoint = safe_load(path)
+        checkpoint = read_summary(path) if is_sharded_checkpoint(path) else safe_load(path)
     except UserError as error:
         return None, str(error)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "loops" not in checkpoint:
@@ -152,8 +153,7 @@ def _continue_in(trainer: Namespace, version: str) -> None:
 def _remove_partial_writes(checkpoints: Path) -> None:
     """Delete what a process killed during an atomic save left behind (hidden ``.*.tmp`` files)."""
     if rank_zero_only.rank == 0:
-        for partial in checkpoints.glob(".*.tmp"):
-            partial.unlink(missing_ok=True)
+        remove_partial(checkpoints)  # files and sharded (FSDP) folders
 
 
 def choose_checkpoint(command: str, ckpt_path: str | None, resume: str | None, trainer: Namespace) -> Chosen | None:
@@ -181,7 +181,7 @@ def choose_checkpoint(command: str, ckpt_path: str | None, resume: str | None, t
             "give the file (logs/<name>/version_<n>/checkpoints/best-*.ckpt) or `last`"
         )
     if resume != RESUME_AUTO and ckpt_path != "last":
-        return Chosen(str(ckpt_path), load_lightning_checkpoint(str(ckpt_path)))
+        return Chosen(str(ckpt_path), read_checkpoint(str(ckpt_path)))
     asked = f"--resume {resume}" if resume is not None else "--ckpt_path last"
     name = run_name(trainer)
     found = _find_newest_good(name)

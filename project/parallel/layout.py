@@ -14,7 +14,7 @@ from project.parallel.devices import DeviceRequest, cpu_processes, gpu_ids, pars
 from project.parallel.environment import LaunchEnvironment
 
 #: The devices each scenario runs on: "cpu", "gpu", or "any" (the GPUs when the machine has some, else CPU processes).
-SCENARIO_DEVICES = {"cpu": "cpu", "single": "gpu", "dp": "gpu", "ddp": "gpu", "fork": "any"}
+SCENARIO_DEVICES = {"cpu": "cpu", "single": "gpu", "dp": "gpu", "ddp": "gpu", "fork": "any", "fsdp": "any"}
 # Where an outside launcher's numbers come from, for messages that say what to change.
 _LAUNCHER_SOURCES = {
     "slurm": {"devices": "--ntasks-per-node (SLURM_NTASKS_PER_NODE)", "num_nodes": "--nodes (SLURM_NNODES)"},
@@ -153,4 +153,7 @@ def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: Laun
             f"the plan has world size {world_size} (devices {per_node} x nodes {num_nodes}) but {external} "
             f"set WORLD_SIZE={environment.world_size}; make parallel.devices x parallel.num_nodes match"
         )
+    if scenario == "fsdp":  # sharded over every process, or (hybrid) within a node and replicated across nodes
+        replicate = num_nodes if config.sharding == "hybrid" else 1
+        return Layout(scenario, accelerator, devices, num_nodes, replicate, dp_shard=world_size // replicate)
     return Layout(scenario, accelerator, devices, num_nodes, dp_replicate=world_size)
