@@ -20,6 +20,7 @@ import torch
 from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 
 from project.checkpoints.atomic import atomic_write
+from project.checkpoints.sharded import is_sharded_checkpoint, load_full_checkpoint, write_file_over
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -34,7 +35,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self._preloaded = (Path(path).resolve(), checkpoint)
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
-        """The preloaded checkpoint of ``path`` (once), else Lightning's own read."""
+        """The preloaded checkpoint of ``path`` (once), else Lightning's own read; a sharded folder merged here."""
+        if "://" not in str(path) and is_sharded_checkpoint(path):
+            self._preloaded = None  # the CLI preloads a sharded folder's summary, which has no tensors
+            return load_full_checkpoint(path)
         if self._preloaded is not None and "://" not in str(path) and Path(path).resolve() == self._preloaded[0]:
             checkpoint, self._preloaded = self._preloaded[1], None
             return checkpoint
@@ -49,6 +53,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options (got {storage_options!r})")
+        if is_sharded_checkpoint(path):  # a sharded (FSDP) run's folder of this name, resumed on one process
+            write_file_over(Path(path), lambda handle: self.write(checkpoint, handle))
+            return
         atomic_write(path, lambda handle: self.write(checkpoint, handle))
 
     def write(self, checkpoint: dict[str, Any], handle: IO[bytes]) -> None:
