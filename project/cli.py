@@ -28,6 +28,7 @@ from project.checkpoints.io import AtomicCheckpointIO
 from project.checkpoints.loading import pickle_allowed
 from project.checkpoints.resume import NO_CHECKPOINT, Chosen
 from project.config_errors import check_config_files
+from project.consolidate import consolidate
 from project.errors import UserError, run_reporting_user_errors
 from project.lightning_private import stop_launched_processes
 from project.parallel.environment import LEGACY_FLAG_ENV, strip_legacy_local_rank
@@ -43,9 +44,11 @@ COMMANDS = {
     "predict": "write predictions.csv for a checkpoint",
     "plan": "resolve the parallel layout without training (--assume_gpus N, --json)",
     "check": "self-test the layout: ranks, collectives, bandwidth, invariance, step time (check.json)",
+    "consolidate": "merge a sharded (fsdp) checkpoint folder into one plain file (CKPT_DIR [--out FILE])",
 }
-USAGE = "usage: python -m project {fit,validate,test,predict,plan,check} --config FILE [options]\n\n" + "".join(
-    f"  {name:<9} {what}\n" for name, what in COMMANDS.items()
+USAGE = (
+    "usage: python -m project {fit,validate,test,predict,plan,check,consolidate} --config FILE [options]\n\n"
+    + "".join(f"  {name:<11} {what}\n" for name, what in COMMANDS.items())
 )
 
 
@@ -86,6 +89,9 @@ def execute(argv: list[str]) -> Run | None:
     """Run ``python -m project`` with ``argv`` (without the program name); the :class:`Run`, or ``None`` for plan."""
     args, legacy = strip_legacy_local_rank(argv)
     command, args = split_command(args)
+    if command == "consolidate":  # a file operation: no config, no Trainer
+        consolidate(args)
+        return None
     check_config_files(args)
     if legacy:
         os.environ[LEGACY_FLAG_ENV] = "1"
