@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from project.parallel.environment import detect_environment
+from project.parallel.fsdp import plan_units
 from project.parallel.layout import LaunchMismatchError
 from project.parallel.plan import Plan, resolve_plan
 
@@ -40,7 +41,9 @@ def resolve_for_plan(cli: ProjectCLI) -> Plan:
 
 def print_plan(cli: ProjectCLI) -> None:
     """Print the plan as a table, or as one JSON object with ``--json``."""
-    data = resolve_for_plan(cli).to_dict()
+    plan = resolve_for_plan(cli)
+    data = plan.to_dict()
+    data["strategy"].update(plan_units(plan.scenario, plan.strategy, cli.model, cli.plan_inputs[0].wrap_modules))
     if cli.config.get("parallel") is None:
         data["notes"] = [*data["notes"], "no parallel section: this is what `parallel.scenario: auto` would do"]
     if cli.config.get("json"):

@@ -100,6 +100,54 @@ def _backend(config: ParallelConfig, layout: Layout) -> str | None:
     return backend
 
 
+def _sharding_notes(config: ParallelConfig, layout: Layout, strategy: str, start_method: str) -> list[str]:
+    """The ``fsdp`` fields checked against the layout, and what the plan says about them.
+
+    Raises:
+        UserError: an fsdp field with another scenario, hybrid on one node, fsdp in a notebook.
+    """
+    fields = {"sharding": "full", "cpu_offload": False, "wrap_modules": None}
+    if layout.scenario != "fsdp":
+        for name, default in fields.items():
+            if getattr(config, name) != default:
+                raise UserError(
+                    f"parallel.{name}={getattr(config, name)!r} applies to scenario fsdp only, and this plan's "
+                    f"scenario is {layout.scenario!r}; drop it, or set parallel.scenario: fsdp"
+                )
+        return []
+    if config.sharding == "hybrid" and layout.num_nodes < 2:
+        raise UserError(
+            f"parallel.sharding='hybrid' shards within a node and replicates across nodes, but num_nodes="
+            f"{layout.num_nodes}; use sharding full (or grad_op) on one node, or set parallel.num_nodes > 1"
+        )
+    if strategy == "single_device":
+        return [
+            "fsdp on one process: nothing to shard, it runs on a single device and writes plain checkpoint files "
+            "(sharding, cpu_offload and wrap_modules apply from 2 processes); it resumes sharded checkpoints"
+        ]
+    if start_method == "fork":
+        raise UserError(
+            "scenario fsdp starts its processes by running the command again, which an interactive session "
+            "cannot; run it from a terminal, or use scenario fork (DDP) here"
+        )
+    what = {
+        "full": "parameters, gradients and optimizer state",
+        "grad_op": "gradients and optimizer state (parameters stay gathered from forward to backward)",
+        "hybrid": "parameters, gradients and optimizer state",
+    }[config.sharding]
+    across = (
+        f"within each node ({layout.dp_shard} processes), replicated across {layout.dp_replicate} nodes"
+        if config.sharding == "hybrid"
+        else f"over all {layout.dp_shard} processes"
+    )
+    notes = [f"fsdp {config.sharding}: {what} sharded {across}; checkpoints are sharded folders"]
+    if layout.accelerator == "cpu":
+        notes.append("fsdp on CPU processes over gloo (no GPU visible): the same FSDP2 code as on GPUs")
+        if config.cpu_offload:
+            notes.append("cpu_offload on CPU processes changes nothing: the parameters are in host memory already")
+    return notes
+
+
 def resolve_plan(
     config: ParallelConfig,
     hardware: Hardware,
@@ -151,6 +199,7 @@ def resolve_plan(
         )
     if layout.world_size > 1 and not config.broadcast_buffers:
         notes.append("broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs")
+    notes += _sharding_notes(config, layout, strategy, start_method)
     if strategy != "single_device" and start_method == "fork":
         notes.append("interactive session: processes are started by fork")
     launch, launch_notes = describe_launch(environment, layout.per_node, layout.num_nodes)
