@@ -2,6 +2,7 @@
 
 - :class:`KillOnceAtStep`: a worker that dies once, so that a restarted job (torchrun --max-restarts) goes on.
 - :class:`KillDuringSave`: a process killed in the middle of writing a checkpoint.
+- :class:`SlowStampedSteps`: steps of a known minimum length, each one's end time written down (time-based saves).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -63,3 +65,21 @@ class KillDuringSave(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
         installed.write = dying_write
+
+
+class SlowStampedSteps(L.Callback):
+    """Make every optimizer step last at least ``sleep_s`` longer; rank 0 appends ``<step> <time.time()>`` per step.
+
+    So a run's steps have a known pace and a test can tell how much work a resumed checkpoint lost.
+    """
+
+    def __init__(self, sleep_s: float, stamps: str) -> None:
+        self.sleep_s = sleep_s
+        self.stamps = Path(stamps)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        """Sleep, then stamp the step that just ended (checkpoint callbacks run after this one)."""
+        time.sleep(self.sleep_s)
+        if trainer.is_global_zero:
+            with self.stamps.open("a") as handle:
+                handle.write(f"{trainer.global_step} {time.time()}\n")

@@ -54,3 +54,29 @@ def test_nonfinite_loss_can_skip_the_step_on_every_rank(tmp_path):
     assert all(math.isfinite(value) for step, value in scalars["train/loss"] if step not in (3, 13))
     assert all_finite(torch.load(run / "export" / "model.pt", weights_only=True))
     assert scalars["test/acc"][-1][1] >= 0.8
+
+
+def test_checking_every_n_steps_names_the_first_bad_step_and_no_checkpoint_holds_its_update(tmp_path):
+    # No host sync per step: the ranks compare their losses every 5 steps (steps 9-13 of epoch 1 are one window)
+    # and before every checkpoint; the nan of step 11 is found before the update of step 13.
+    config = tmp_path / "digits_every_5.yaml"
+    config.write_text(Path(DIGITS).read_text().replace("action: stop", "action: stop\n        check_every_n_steps: 5"))
+    args = [*FIT[:2], str(config), *FIT[3:], *NAN_ON_RANK_1, "--model.init_args.nan_steps", "[11]"]
+    result = run_cli(args, tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert (
+        "error: the training loss is not finite at step 11 (epoch 1) (rank 1: nan); found at the check before the "
+        "update of step 13 (check_every_n_steps=5); the updates of steps 11 to 12 were applied, never saved"
+    ) in result.stderr
+    (run,) = run_dirs(tmp_path)
+    for checkpoint in (run / "checkpoints").glob("*.ckpt"):
+        saved = torch.load(checkpoint, weights_only=True)
+        assert saved["global_step"] <= 11 and all_finite(saved["state_dict"]), checkpoint.name
+
+
+def test_skip_needs_a_check_before_every_update():
+    from project.callbacks.nonfinite import NonFiniteLossCallback
+
+    with pytest.raises(ValueError, match="action: skip needs check_every_n_steps: 1"):
+        NonFiniteLossCallback(action="skip", check_every_n_steps=10)

@@ -173,12 +173,12 @@ class NonFiniteLossCallback(L.Callback):
         self._window.append((trainer.global_step, trainer.current_epoch, self._loss))
         self._loss = None
         if len(self._window) >= self.check_every_n_steps:
-            self._check_window(trainer, "before its update")
+            self._check_window(trainer, f"at the check before the update of step {trainer.global_step}")
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         """No checkpoint holds a non-finite update: compare the windows first (every rank dumps every checkpoint)."""
         if self.check_every_n_steps > 1:
-            self._check_window(trainer, "before a checkpoint was written")
+            self._check_window(trainer, f"before the checkpoint of step {trainer.global_step} was written")
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The last steps of the run are checked too."""
@@ -202,9 +202,14 @@ class NonFiniteLossCallback(L.Callback):
         ranks = ", ".join(f"rank {r}: {losses[r, first].item()}" for r in bad)
         checkpoint = _latest_checkpoint(trainer)
         kept = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written yet"
+        if step == trainer.global_step:
+            applied = "stopped before applying that update"
+        else:  # the losses are compared every N steps: the updates since were applied, but no save holds them
+            last = trainer.global_step - 1
+            steps = f"step {step}" if last == step else f"steps {step} to {last}"
+            applied = f"found {when} (check_every_n_steps={self.check_every_n_steps}); the updates of {steps} "
+            applied += "were applied, never saved"
         raise NonFiniteLossError(
-            f"the training loss is not finite at step {step} (epoch {epoch}) ({ranks}); found at step "
-            f"{trainer.global_step} {when} (check_every_n_steps={self.check_every_n_steps}, so the updates in "
-            f"between were applied but never saved), {kept}. Lower the learning rate, clip gradients "
-            "(trainer.gradient_clip_val) or check the data"
+            f"the training loss is not finite at step {step} (epoch {epoch}) ({ranks}); {applied}, {kept}. "
+            "Lower the learning rate, clip gradients (trainer.gradient_clip_val) or check the data"
         )

@@ -92,12 +92,13 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
 
     def teardown(self) -> None:
         """Finish the writes, stop the thread; raise a failed write (say it, if another error ends the run)."""
+        ending = sys.exc_info()[1]  # Lightning tears down in its handler of the run's own error
         try:
             self.wait()
         except CheckpointWriteError as error:
-            if sys.exc_info()[1] is None:
+            if ending is None:
                 raise
-            # Lightning tears down while handling the run's own error: keep that one, say this one.
+            # Keep the run's own error (what ended it), say this one.
             sys.stderr.write(f"warning: {error}\n")
         finally:
             if self._executor is not None:
