@@ -8,6 +8,7 @@ run: the layout it took from the launcher and what Lightning itself detected.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from project.parallel.environment import LaunchEnvironment, detect_environment, 
 from project.parallel.plan import Hardware, ParallelConfig, resolve_plan
 from project.parallel.ray_job import check_ray_plan
 
-from helpers import CPU_DDP, DIGITS, FAST, REPO, cli_env, free_port, read_plan, run_cli, run_dirs
+from helpers import CPU_DDP, DIGITS, FAST, REPO, assert_clean_error, cli_env, free_port, read_plan, run_cli, run_dirs
 
 # A few steps are enough to prove the processes found each other and trained together.
 SHORT = ["--config", FAST, "--trainer.max_steps", "4", "--trainer.limit_val_batches", "1", "--test_after_fit", "false"]
@@ -195,6 +196,17 @@ def test_ray_plan_submits_a_job_of_world_size_workers_and_refuses_what_ray_canno
     )
     with pytest.raises(UserError, match=r"parallel.devices=\[1, 3\] names GPUs.*parallel.devices=2"):
         check_ray_plan(ids)
+
+
+def test_without_ray_the_launcher_is_one_line_naming_the_extra(tmp_path):
+    # A `ray` package that cannot be imported stands for an environment without the extra.
+    shadow = tmp_path / "no_ray" / "ray"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
+    pythonpath = os.pathsep.join([str(shadow.parent), cli_env()["PYTHONPATH"]])
+    result = run_cli([*FIT_DDP, "--parallel.launcher", "ray"], tmp_path, {"PYTHONPATH": pythonpath})
+    assert_clean_error(result, "parallel.launcher=ray needs Ray Train", "pip install -e .[ray]")
+    assert result.returncode == 2 and run_dirs(tmp_path) == []
 
 
 def pytorchjob_command() -> list[str]:

@@ -8,7 +8,6 @@ launchers are: plan.json, test/acc, checkpoints and the export.
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 import time
@@ -25,7 +24,6 @@ from helpers import (
     CPU_DDP,
     DIGITS,
     FAST,
-    assert_clean_error,
     cli_env,
     free_port,
     read_plan,
@@ -124,14 +122,3 @@ def test_a_failed_job_is_one_line_naming_the_worker_where_it_started():
     failure = failure_from_ray(WorkerGroupError("2 workers failed", crashed), 2)
     assert str(failure).startswith("rank 1 of 2 Ray workers failed: ValueError: bad value in a user callback (its")
     assert failure_from_ray(KeyboardInterrupt(), 2) is None
-
-
-def test_without_ray_the_launcher_is_one_line_naming_the_extra(tmp_path):
-    # A `ray` package that cannot be imported stands for an environment without the extra.
-    shadow = tmp_path / "no_ray" / "ray"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
-    pythonpath = os.pathsep.join([str(shadow.parent), cli_env()["PYTHONPATH"]])
-    result = run_cli([*FIT, *SHORT], tmp_path, {"PYTHONPATH": pythonpath})
-    assert_clean_error(result, "parallel.launcher=ray needs Ray Train", "pip install -e .[ray]")
-    assert result.returncode == 2 and run_dirs(tmp_path) == []
