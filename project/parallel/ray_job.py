@@ -10,8 +10,8 @@ run directory are those of every other launcher; rank 0 returns its run director
 In a worker, Ray Train has created the process group (with the plan's backend and ``timeout_s``, given to
 ``TorchConfig``) and set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and NODE_RANK;
 :mod:`project.parallel.environment` detects the worker and the plan hands the table's strategy Ray's
-``RayLightningEnvironment``, so Lightning's ranks are the ones Ray assigned (also where Ray places workers
-unevenly, or runs inside a SLURM job whose variables Lightning would otherwise read). The strategy stays the
+``RayLightningEnvironment``, so Lightning's ranks are the ones Ray assigned (also inside a SLURM job that hosts
+the Ray cluster, whose variables Lightning would otherwise read). The strategy stays the
 table's (Lightning's ``DDPStrategy`` with the plan's arguments) rather than ``RayDDPStrategy``, whose two
 additions do not apply here: DistributedSampler arguments (the layer installs its own samplers) and the GPU
 from ``ray.train.torch.get_device()`` (Ray shows each worker all GPUs of its node's workers, so Lightning's
