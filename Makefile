@@ -9,7 +9,7 @@ TEST_STAMP := $(VENV)/.installed-test
 # see the README ("Choosing your torch build").
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup train test lint format bench bench-quick clean
+.PHONY: setup train test lint format bench bench-quick gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,9 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(PY) -m bench --quick
+
+gpu-check: $(STAMP)
+	$(PY) -m bench.gpu_check
 
 clean:
 	rm -rf logs bench/results/tmp .pytest_cache

@@ -64,7 +64,7 @@ def write_lean_config(directory: Path) -> tuple[Path, list[str]]:
 def template_layout(row: Row) -> list[str]:
     """The template's own parallel config for the row."""
     if row.device == "gpu":
-        return ["--config", str(REPO / "configs/parallel/single_gpu.yaml"), "--trainer.precision", "bf16-mixed"]
+        return ["--config", str(REPO / "configs/parallel/single_gpu.yaml"), "--parallel.precision", "bf16-mixed"]
     if row.processes == 1:
         return []  # configs/digits.yaml's `parallel.scenario: auto` is one CPU process here
     if row.processes == 2:

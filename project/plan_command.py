@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from project.parallel.environment import detect_environment
 from project.parallel.fsdp import plan_units
 from project.parallel.layout import LaunchMismatchError
+from project.parallel.memory import estimate
 from project.parallel.plan import Plan, resolve_plan
 
 if TYPE_CHECKING:
@@ -39,6 +40,25 @@ def resolve_for_plan(cli: ProjectCLI) -> Plan:
         return replace(plan, notes=(*plan.notes, f"will not start under {environment.launcher}: {error}"))
 
 
+def memory_estimate(cli: ProjectCLI, plan: Plan) -> dict[str, Any] | None:
+    """Per-device memory of the built model under this plan's layout, ddp beside fsdp (``None``: no model)."""
+    if cli.model is None:
+        return None
+    assert cli.plan_inputs is not None
+    settings = cli.plan_inputs[0]
+    section = cli.config.get("optimizer")
+    return estimate(
+        cli.model,
+        section.as_dict() if hasattr(section, "as_dict") else section,
+        planned="fsdp" if plan.scenario == "fsdp" else "ddp",
+        world_size=plan.world_size,
+        per_node=plan.world_size // plan.num_nodes,
+        sharding=settings.sharding,
+        cpu_offload=settings.cpu_offload,
+        precision=plan.precision,
+    )
+
+
 def print_plan(cli: ProjectCLI) -> None:
     """Print the plan as a table, or as one JSON object with ``--json``."""
     plan = resolve_for_plan(cli)
@@ -46,8 +66,9 @@ def print_plan(cli: ProjectCLI) -> None:
     data["strategy"].update(plan_units(plan.scenario, plan.strategy, cli.model, cli.plan_inputs[0].wrap_modules))
     if cli.config.get("parallel") is None:
         data["notes"] = [*data["notes"], "no parallel section: this is what `parallel.scenario: auto` would do"]
+    memory = memory_estimate(cli, plan)
     if cli.config.get("json"):
-        sys.stdout.write(json.dumps(data) + "\n")
+        sys.stdout.write(json.dumps({**data, "memory": memory}) + "\n")
         return
     from rich.console import Console
     from rich.table import Table
@@ -55,4 +76,37 @@ def print_plan(cli: ProjectCLI) -> None:
     table = Table(title="parallel plan", show_header=False)
     for key, value in data.items():
         table.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if memory is not None:
+        console.print(memory_table(memory))
+
+
+def memory_table(memory: dict[str, Any]) -> Any:
+    """The ``memory`` block as a table: one row per kind of state, ddp beside fsdp, the planned one marked."""
+    from rich.table import Table
+
+    model, optimizer, rows = memory["model"], memory["optimizer"], memory["per_device"]
+    fsdp = rows["fsdp"]
+    titles = {
+        "ddp": "ddp: a full replica",
+        "fsdp": f"fsdp {fsdp['sharding']}: / {fsdp['shard_degree']}"
+        + (", offloaded" if "offloaded_to_host" in fsdp else ""),
+    }
+    table = Table(
+        title="memory per device (estimate)",
+        caption_justify="left",
+        caption=f"{model['name']}: {model['parameters']:,} parameters ({model['trainable']:,} trainable, "
+        f"{', '.join(model['dtypes'])}); optimizer {optimizer['class_path']}: {optimizer['states_per_parameter']:g} "
+        f"state(s) per parameter, {optimizer['source']}. {memory['note']}",
+    )
+    table.add_column("")
+    for kind, title in titles.items():
+        table.add_column(title + (" (planned)" if memory["planned"] == kind else ""), justify="right")
+    kinds = ["parameters", "gradients", "optimizer_state", "buffers", "total"]
+    if "offloaded_to_host" in fsdp:
+        kinds.append("offloaded_to_host")
+    for kind in kinds:
+        cells = [rows[way][kind]["human"] if kind in rows[way] else "-" for way in titles]
+        table.add_row(kind.replace("_", " "), *cells)
+    return table

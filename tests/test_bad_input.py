@@ -144,6 +144,13 @@ CASES = {
         ("fit", *BASE, "--model.init_args.net.class_path", "user_code.MisdescribedNet"),
         ("user_code.MisdescribedNet", "another network"),
     ),
+    # Issue 16: the precision the plan owns.
+    "precision-16-mixed-on-cpu": Case(
+        ("fit", *BASE, "--parallel.precision", "16-mixed"), ("precision='16-mixed'", "needs GPUs", "bf16-mixed")
+    ),
+    "trainer-precision-beside-the-parallel-section": Case(
+        ("fit", *BASE, "--trainer.precision", "bf16-mixed"), ("trainer.precision='bf16-mixed'", "parallel")
+    ),
 }
 # Config files for the cases above: a module that logs no val/acc; a net_attribute that does not exist.
 MODEL_ATTRIBUTE_YAML = """model:

@@ -26,6 +26,7 @@ from project.parallel.batch import lr_factor, resolve_batch
 from project.parallel.config import BACKENDS, Hardware, ParallelConfig
 from project.parallel.environment import LaunchEnvironment, cluster_environment, describe_launch, requested_launcher
 from project.parallel.layout import LaunchMismatchError, Layout, resolve_layout
+from project.parallel.precision import check_precision
 from project.parallel.strategies import STRATEGIES, ddp_buffer_kwargs, is_interactive, strategy_name
 
 __all__ = ["Hardware", "LaunchMismatchError", "ParallelConfig", "Plan", "ddp_buffer_kwargs", "resolve_plan"]
@@ -54,6 +55,10 @@ class Plan:
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: Ray and Kubeflow: the Lightning ClusterEnvironment (import path) that reads the launcher's ranks.
     cluster_environment: str | None = None
+    #: The Trainer's precision (``32``, ``bf16-mixed``, ``16-mixed``): the plan owns ``trainer.precision``.
+    precision: str = "32"
+    #: ``torch.compile`` the module's networks in place after the strategy's wrap (``project.parallel.compile``).
+    compile: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the documented keys (``strategy`` carries its key arguments)."""
@@ -71,6 +76,7 @@ class Plan:
             "strategy": self._strategy(),
             "sync_batchnorm": self.sync_batchnorm,
             "accumulate_grad_batches": self.accumulation,
+            "precision": self.precision,
         }
 
     def _strategy(self) -> Any:
@@ -199,6 +205,14 @@ def resolve_plan(
         )
     if layout.world_size > 1 and not config.broadcast_buffers:
         notes.append("broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs")
+    precision_note = check_precision(config.precision, layout.accelerator)
+    if precision_note:
+        notes.append(precision_note)
+    if config.compile:
+        notes.append(
+            "compile: torch.compile (inductor) is applied in place to the module's networks after the strategy "
+            "wraps the model; the first training and evaluation steps include compilation"
+        )
     notes += _sharding_notes(config, layout, strategy, start_method)
     if strategy != "single_device" and start_method == "fork":
         notes.append("interactive session: processes are started by fork")
@@ -230,4 +244,6 @@ def resolve_plan(
         degrees={"dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard},
         notes=(*notes, *launch_notes),
         cluster_environment=environment.cluster_environment if layout.world_size > 1 else None,
+        precision=config.precision,
+        compile=config.compile,
     )

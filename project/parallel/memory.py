@@ -1,0 +1,258 @@
+"""Per-device memory of parameters, gradients and optimizer state under ddp and fsdp, counted from the built model.
+
+``plan`` shows it so that a user sees, before any GPU is touched, when a full replica per device (DDP) will not
+fit and how far sharding (FSDP) brings it down:
+
+- parameters and buffers: every tensor of the built model, by its own ``numel`` and dtype;
+- gradients: one per trainable parameter, of the parameter's dtype;
+- optimizer state: counted by running one step of the configured optimizer (its class and arguments) over
+  meta-device copies of the trainable parameters, which allocates nothing; when that cannot run (an optimizer
+  that needs a closure, or a custom one that does not work on meta tensors) Adam's two states per parameter are
+  assumed, and the estimate says so;
+- ddp (and every scenario that replicates: cpu, single, dp, fork) holds all of it on every device; fsdp divides
+  parameters, gradients and optimizer state by the shard degree (``full``: the world size; ``grad_op``: gradients
+  and optimizer state only; ``hybrid``: the processes of one node), buffers are not sharded; ``cpu_offload``
+  moves the sharded parameters, gradients and optimizer state to host memory.
+
+Mixed precision (``bf16-mixed``, ``16-mixed``) keeps float32 parameters (the master weights), gradients and
+optimizer state: the estimate is the same as for ``32``. Not counted: activations, which grow with the per-device
+batch and usually dominate; autocast's half-precision copies; FSDP's gathered unit; communication buckets; the
+CUDA context and the allocator's cache.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+#: States per parameter assumed when the optimizer cannot be stepped on meta tensors (Adam/AdamW keep two).
+ASSUMED_STATES = 2
+NOT_COUNTED = (
+    "activations (they grow with the per-device batch and often dominate), autocast's half-precision copies, "
+    "FSDP's gathered unit, communication buckets, the CUDA context and the allocator's cache"
+)
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human(size: int) -> str:
+    """``size`` bytes in binary units, three significant digits (``1.5 GiB``)."""
+    value, unit = float(size), 0
+    while value >= 1024 and unit < len(_UNITS) - 1:
+        value, unit = value / 1024, unit + 1
+    return f"{size} B" if unit == 0 else f"{value:.3g} {_UNITS[unit]}"
+
+
+@dataclass(frozen=True)
+class ModelCount:
+    """The built model's tensors: elements and bytes of its parameters (all, trainable) and buffers."""
+
+    name: str
+    parameters: int
+    trainable: int
+    parameter_bytes: int
+    trainable_bytes: int
+    buffer_bytes: int
+    dtypes: tuple[str, ...]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> ModelCount:
+        """Count ``model``'s parameters (each shared one once) and buffers."""
+        params = list(model.parameters())  # nn.Module.parameters() yields a shared parameter once
+        trainable = [p for p in params if p.requires_grad]
+        return cls(
+            name=type(model).__name__,
+            parameters=sum(p.numel() for p in params),
+            trainable=sum(p.numel() for p in trainable),
+            parameter_bytes=_bytes(params),
+            trainable_bytes=_bytes(trainable),
+            buffer_bytes=_bytes(model.buffers()),
+            dtypes=tuple(sorted({str(p.dtype).removeprefix("torch.") for p in params})),
+        )
+
+
+@dataclass(frozen=True)
+class OptimizerCount:
+    """Bytes of optimizer state for the model's trainable parameters, and how that number was found."""
+
+    class_path: str | None
+    state_bytes: int
+    states_per_parameter: float
+    source: str
+
+
+def _bytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _import(class_path: str) -> type:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def optimizer_of(model: nn.Module, section: Mapping[str, Any] | None) -> tuple[type | None, dict[str, Any]]:
+    """The optimizer class and arguments: the config's ``optimizer:`` section, else ``configure_optimizers()``."""
+    if section and section.get("class_path"):
+        return _import(str(section["class_path"])), dict(section.get("init_args") or {})
+    configure = getattr(model, "configure_optimizers", None)
+    try:
+        with warnings.catch_warnings():  # Lightning's base class warns that it is not implemented
+            warnings.simplefilter("ignore")
+            found = configure() if callable(configure) else None
+    except Exception:  # a module whose configure_optimizers needs a Trainer: no optimizer to count
+        return None, {}
+    for item in _flatten(found):
+        if isinstance(item, torch.optim.Optimizer):
+            return type(item), dict(item.defaults)
+    return None, {}
+
+
+def _flatten(value: Any) -> Iterable[Any]:
+    if isinstance(value, Mapping):
+        yield from _flatten(value.get("optimizer"))
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _flatten(item)
+    elif value is not None:
+        yield value
+
+
+def count_optimizer(model: nn.Module, section: Mapping[str, Any] | None) -> OptimizerCount:
+    """Optimizer state of ``model``'s trainable parameters: one meta-device step of the configured optimizer."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    param_bytes = _bytes(trainable)
+    try:
+        cls, kwargs = optimizer_of(model, section)
+    except (ImportError, AttributeError, ValueError) as error:
+        cls, kwargs, why = None, {}, f"the optimizer class does not import ({error})"
+    else:
+        why = "no optimizer in the config or configure_optimizers()"
+    name = None if cls is None else f"{cls.__module__}.{cls.__qualname__}"
+    if cls is not None:
+        try:
+            state_bytes = _step_on_meta(cls, kwargs, trainable)
+        except Exception as error:  # any optimizer that cannot step on meta tensors falls back to the assumption
+            why = f"one step on meta tensors failed: {type(error).__name__}: {str(error)[:120]}"
+        else:
+            per = state_bytes / param_bytes if param_bytes else 0.0
+            return OptimizerCount(
+                name, state_bytes, round(per, 3), f"counted: one step of {cls.__name__} on meta copies of the weights"
+            )
+    return OptimizerCount(
+        name,
+        ASSUMED_STATES * param_bytes,
+        float(ASSUMED_STATES),
+        f"assumed {ASSUMED_STATES} states per parameter, as Adam keeps ({why})",
+    )
+
+
+def _step_on_meta(cls: type, kwargs: dict[str, Any], params: list[nn.Parameter]) -> int:
+    """Bytes of state ``cls(**kwargs)`` keeps after one step over meta copies of ``params`` (nothing allocated)."""
+    if not params:
+        return 0
+    copies = []
+    for param in params:
+        copy = torch.empty_like(param, device="meta").requires_grad_()
+        copy.grad = torch.empty_like(copy)
+        copies.append(copy)
+    optimizer = cls(copies, **kwargs)
+    optimizer.step()
+    total = 0
+    for state in optimizer.state.values():
+        total += _bytes(v for v in state.values() if isinstance(v, torch.Tensor))
+    return total
+
+
+def _entry(size: int) -> dict[str, Any]:
+    return {"bytes": size, "human": human(size)}
+
+
+def per_device(
+    count: ModelCount,
+    optimizer: OptimizerCount,
+    shard: int,
+    sharding: str | None,
+    cpu_offload: bool = False,
+) -> dict[str, Any]:
+    """Bytes one device holds: everything replicated (``sharding`` None: ddp) or sharded ``shard`` ways (fsdp)."""
+    params, grads, states = count.parameter_bytes, count.trainable_bytes, optimizer.state_bytes
+    divide = (lambda size: math.ceil(size / shard)) if sharding is not None else (lambda size: size)
+    params = params if sharding == "grad_op" else divide(params)
+    grads, states = divide(grads), divide(states)
+    row: dict[str, Any] = {"shard_degree": shard if sharding is not None else 1}
+    if sharding is not None:
+        row["sharding"] = sharding
+    if cpu_offload and sharding is not None:
+        row["offloaded_to_host"] = _entry(params + grads + states)
+        params = grads = states = 0
+    row.update(
+        parameters=_entry(params),
+        gradients=_entry(grads),
+        optimizer_state=_entry(states),
+        buffers=_entry(count.buffer_bytes),
+        total=_entry(params + grads + states + count.buffer_bytes),
+    )
+    return row
+
+
+def shard_degree(sharding: str, world_size: int, per_node: int) -> int:
+    """How many ways fsdp divides the state: the world, or one node's processes for ``hybrid``."""
+    return per_node if sharding == "hybrid" else world_size
+
+
+def estimate(
+    model: nn.Module,
+    optimizer_section: Mapping[str, Any] | None,
+    *,
+    planned: str,
+    world_size: int,
+    per_node: int,
+    sharding: str,
+    cpu_offload: bool,
+    precision: str,
+) -> dict[str, Any]:
+    """The ``memory`` block of ``plan``: the model's counts and the per-device bytes under ddp and fsdp.
+
+    Args:
+        model: The built LightningModule (or any module).
+        optimizer_section: The config's ``optimizer:`` section (``class_path``/``init_args``), if any.
+        planned: ``ddp`` or ``fsdp``: which of the two the plan runs.
+        world_size: Processes of the job.
+        per_node: Processes per node (``hybrid`` shards within a node).
+        sharding: fsdp's ``full``, ``grad_op`` or ``hybrid``.
+        cpu_offload: fsdp keeps the sharded state in host memory.
+        precision: The plan's precision (mixed precision keeps float32 state: said, not counted twice).
+    """
+    count = ModelCount.of(model)
+    optimizer = count_optimizer(model, optimizer_section)
+    mixed = "" if precision == "32" else f"; {precision} keeps float32 parameters, gradients and optimizer state"
+    return {
+        "planned": planned,
+        "model": {
+            "name": count.name,
+            "parameters": count.parameters,
+            "trainable": count.trainable,
+            "dtypes": list(count.dtypes),
+            "parameter_bytes": count.parameter_bytes,
+            "buffer_bytes": count.buffer_bytes,
+        },
+        "optimizer": {
+            "class_path": optimizer.class_path,
+            "state_bytes": optimizer.state_bytes,
+            "states_per_parameter": optimizer.states_per_parameter,
+            "source": optimizer.source,
+        },
+        "per_device": {
+            "ddp": per_device(count, optimizer, 1, None),
+            "fsdp": per_device(
+                count, optimizer, shard_degree(sharding, world_size, per_node), sharding, cpu_offload=cpu_offload
+            ),
+        },
+        "note": f"Persistent state per device{mixed}. Not counted: {NOT_COUNTED}",
+    }

@@ -1,0 +1,30 @@
+"""``parallel.precision``: the Trainer's precision, owned by the plan and checked against the hardware."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from project.errors import UserError
+from project.parallel.config import Precision
+
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+
+
+def check_precision(precision: str, accelerator: str) -> str:
+    """The Trainer's ``precision`` for ``precision`` on ``accelerator``; a note for the plan, or ``""``.
+
+    Raises:
+        UserError: an unknown value, or ``16-mixed`` on CPU (float16 autocast with a gradient scaler is for GPUs).
+    """
+    if precision not in PRECISIONS:
+        raise UserError(f"parallel.precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision == "16-mixed" and accelerator == "cpu":
+        raise UserError(
+            "parallel.precision='16-mixed' needs GPUs (float16 autocast and its gradient scaler are for CUDA); "
+            "on CPU use 'bf16-mixed' (CPU autocast) or '32'"
+        )
+    if precision == "32":
+        return ""
+    where = "CPU autocast" if accelerator == "cpu" else "CUDA autocast"
+    half = "bfloat16" if precision == "bf16-mixed" else "float16 with a gradient scaler"
+    return f"precision {precision}: {where} to {half}; parameters, gradients and optimizer state stay float32"
