@@ -1,6 +1,7 @@
 """``python -m bench.gpu_check`` (``make gpu-check``): one GPU, float32 vs bf16-mixed, compile off vs on, raw beside.
 
-One command for the first GPU machine at hand (about 3 minutes on one GPU, most of it start-up and compilation):
+One command for the first GPU machine at hand, sized for under 5 minutes on one GPU (six runs of 600 steps,
+most of the time start-up and compilation; not yet measured on a GPU):
 the bench's GPU workload (``bench/workloads.py``: MLP 64-1024(BN)-1024-10, batch 256, 600 steps) trained
 
 - by the raw loop (``bench/raw.py --device cuda``), in float32 and under bf16 autocast;
