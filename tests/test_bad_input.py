@@ -210,6 +210,8 @@ def outcomes(finished_run, tmp_path_factory) -> dict[str, dict]:
         return {name: future.result() for name, future in futures.items()}
 
 
+# The first case's test pays for the module's fixture: every case, two at a time (a few minutes on 2 cores).
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_input_is_one_clear_line_and_touches_nothing(outcomes, name):
     outcome, case = outcomes[name], CASES[name]
