@@ -137,10 +137,29 @@ class _SafeEmptyPlanner(_WeightsOnlyBytes, _EmptyStateDictLoadPlanner):
     """Loads whatever the checkpoint holds (full tensors, no process group), with weights-only objects."""
 
 
-def _unsafe_error(path: Path, error: Exception) -> UserError:
-    if isinstance(error, UserError):
-        return error
-    if isinstance(error, pickle.UnpicklingError):
+def _causes(error: BaseException) -> list[BaseException]:
+    """``error``, what caused it, and what failed on each rank (DCP gathers those into a CheckpointException)."""
+    found: list[BaseException] = []
+    todo: list[BaseException | None] = [error]
+    while todo:
+        current = todo.pop()
+        if not isinstance(current, BaseException) or any(current is seen for seen in found):
+            continue
+        found.append(current)
+        failures = getattr(current, "failures", None)
+        todo += [current.__cause__, current.__context__]
+        for failure in failures.values() if isinstance(failures, dict) else []:
+            todo.append(failure[0] if isinstance(failure, tuple) else failure)  # (exception, traceback)
+    return found
+
+
+def _unsafe_error(path: Path, error: BaseException) -> UserError:
+    """One line for a sharded checkpoint that did not load: refused by the pickle policy, or damaged."""
+    causes = _causes(error)
+    refused = next((e for e in causes if isinstance(e, UserError)), None)
+    if refused is not None:
+        return refused
+    if any(isinstance(e, pickle.UnpicklingError) for e in causes):
         return UserError(
             f"'{path}' holds pickled objects beyond tensors and plain containers, which only arbitrary code can "
             f"load, so weights_only=True refuses them; if you trust the checkpoint, rerun with {ALLOW_PICKLE_ENV}=1"
@@ -207,6 +226,7 @@ def load_full_checkpoint(path: str | os.PathLike[str], weights_only: bool = Fals
             "scenario fsdp); give the folder itself, e.g. logs/<name>/version_<n>/checkpoints/last.ckpt"
         )
     meta = safe_load(folder / LIGHTNING_META)
+    read_metadata(folder)  # refused here in one line: DCP would fold the refusal into an AssertionError's text
     keys = [_WEIGHTS] if weights_only else None
     merged: dict[str, Any] = {}
     try:
@@ -242,6 +262,7 @@ def load_sharded_into(
         set_optimizer_state_dict,
     )
 
+    read_metadata(path)  # the pickle policy first, in one line
     try:
         weights = {_WEIGHTS: get_model_state_dict(module)}
         dcp.load(weights, storage_reader=SafeReader(path), planner=SafeLoadPlanner())

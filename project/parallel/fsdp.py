@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 #: ``parallel.sharding`` -> ``fully_shard``'s ``reshard_after_forward``.
 RESHARD_AFTER_FORWARD = {"full": True, "grad_op": False, "hybrid": True}
-DEFAULT_WRAP_RULE = "the outermost modules whose class occurs more than once in the network"
+DEFAULT_WRAP_RULE = "the outermost modules whose class occurs more than once in the network (default_wrap_classes)"
 
 
 def _has_parameters(module: nn.Module) -> bool:
@@ -75,23 +75,37 @@ def _class_names(cls: type) -> set[str]:
 
 
 def default_wrap_classes(roots: Iterable[nn.Module]) -> list[type]:
-    """Classes of the outermost modules (with parameters) whose class occurs more than once in a network."""
+    """The outermost repeated modules' classes: an MLP's layers, a transformer's blocks (not the layers inside).
+
+    A class qualifies when more than one of its modules (with parameters) is in the networks and a walk from
+    each network's top meets it before any other repeated class; a class whose modules also sit inside another
+    qualifying class's modules is dropped (a transformer's blocks, not also every Linear in and around them).
+    """
+    roots = list(roots)
     counts: Counter[type] = Counter()
     for root in roots:
         counts.update(type(m) for m in root.modules() if m is not root and _has_parameters(m))
-    chosen: list[type] = []
+    found: list[type] = []
 
     def visit(module: nn.Module) -> None:
         for child in module.children():
             if counts[type(child)] > 1 and _has_parameters(child):
-                if type(child) not in chosen:
-                    chosen.append(type(child))
+                if type(child) not in found:
+                    found.append(type(child))
             else:
                 visit(child)
 
     for root in roots:
         visit(root)
-    return chosen
+    nested = {
+        type(inner)
+        for root in roots
+        for outer in root.modules()
+        if outer is not root and type(outer) in found
+        for inner in outer.modules()
+        if inner is not outer and type(inner) in found and type(inner) is not type(outer)
+    }
+    return [cls for cls in found if cls not in nested]
 
 
 def resolve_wrap_classes(module: nn.Module, wrap_modules: list[str] | None) -> list[type]:
