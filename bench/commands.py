@@ -19,6 +19,7 @@ LABELS = {
     "plain": "plain Lightning",
     "template": "template",
     "lean": "template without per-step callbacks",
+    "hooks": "template, its per-step hooks timed",
 }
 #: `--ablate`: the template's config without the callbacks that act on every step (by these traits).
 PER_STEP_CALLBACKS = ("every_n_train_steps", "NonFiniteLossCallback")
@@ -94,6 +95,8 @@ def command(variant: str, row: Row, data: Path, config: Path) -> list[str]:
     if variant == "lean":
         lean = ["--config", str(config.parent / "lean.yaml")]
         return [*command("template", row, data, config)[:-1], *lean, "--trainer.callbacks+=bench.timing.StepTimer"]
+    if variant == "hooks":
+        return [*command("template", row, data, config)[:-1], "--trainer.callbacks+=bench.timing.HookTimer"]
     if variant == "template":
         return [
             python, "-m", "project", "fit",

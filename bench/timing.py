@@ -7,6 +7,8 @@ Added to plain Lightning by ``bench/plain.py`` and to the template on its comman
 from __future__ import annotations
 
 import os
+import time
+import timeit
 from typing import Any
 
 import lightning as L
@@ -45,3 +47,89 @@ class StepTimer(L.Callback):
         if trainer.is_global_zero and self.clock is not None and self.loss is not None:
             record = self.clock.record(float(self.loss), weights_checksum(pl_module), world_size=trainer.world_size)
             write_record(record)
+
+
+#: Hooks Lightning calls on every callback for every optimizer step (no accumulation).
+STEP_HOOKS = (
+    "on_train_batch_start",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+    "on_train_batch_end",
+)
+
+
+class HookTimer(StepTimer):
+    """:class:`StepTimer` that also times, per step, each callback's per-step hooks and Lightning's call around them.
+
+    ``--ablate`` runs the template once more with this in place of ``StepTimer`` (its steps/s are not reported:
+    the timing itself costs about a microsecond per hook). The record gets ``hooks_us``: for each callback
+    (and the module's ``on_train_batch_end``, where the template's modules log), the microseconds per
+    measured step spent inside its hooks; and ``dispatch_us``: what Lightning spends calling each callback's
+    hooks even when they do nothing (``getattr``, the callback's ``state_key``, the profiler's context),
+    timed here in the same process at the end of training, times the hooks per step.
+    """
+
+    def __init__(self, warmup: int | None = None) -> None:
+        super().__init__(warmup)
+        self.spent: dict[str, float] = {}
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Wrap the per-step hooks that each callback (and the module) overrides."""
+        for callback in trainer.callbacks:
+            if isinstance(callback, StepTimer):
+                continue
+            for hook in STEP_HOOKS:
+                if getattr(type(callback), hook) is not getattr(L.Callback, hook):
+                    self._wrap(callback, hook, type(callback).__name__)
+        if type(pl_module).on_train_batch_end is not L.LightningModule.on_train_batch_end:
+            self._wrap(pl_module, "on_train_batch_end", f"{type(pl_module).__name__}.on_train_batch_end")
+
+    def _wrap(self, owner: Any, hook: str, name: str) -> None:
+        original = getattr(owner, hook)
+        self.spent.setdefault(name, 0.0)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if self.clock is None or len(self.clock.times) < self.clock.warmup:
+                return original(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.spent[name] += time.perf_counter() - start
+
+        setattr(owner, hook, timed)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Rank 0 adds the hook and dispatch times to the record it writes."""
+        if not trainer.is_global_zero or self.clock is None or self.loss is None:
+            return
+        steps = max(1, len(self.clock.times) - self.clock.warmup)
+        dispatch = {
+            type(c).__name__: dispatch_us(trainer, c) * len(STEP_HOOKS)
+            for c in trainer.callbacks
+            if not isinstance(c, StepTimer)
+        }
+        record = self.clock.record(
+            float(self.loss),
+            weights_checksum(pl_module),
+            world_size=trainer.world_size,
+            hooks_us={name: seconds * 1e6 / steps for name, seconds in self.spent.items()},
+            dispatch_us=dispatch,
+        )
+        write_record(record)
+
+
+def dispatch_us(trainer: L.Trainer, callback: L.Callback, calls: int = 20000) -> float:
+    """Microseconds Lightning's ``_call_callback_hooks`` spends around one call of a hook that does nothing."""
+    profiler, hook = trainer.profiler, "on_before_zero_grad"
+
+    def once() -> None:  # what the loop in lightning.pytorch.trainer.call._call_callback_hooks does per callback
+        fn = getattr(callback, hook)  # a name in a variable, as Lightning looks it up
+        if callable(fn):
+            with profiler.profile(f"[Callback]{callback.state_key}.{hook}"):
+                pass
+
+    best = min(timeit.repeat(once, number=calls, repeat=5))
+    return best / calls * 1e6

@@ -135,7 +135,7 @@ CASES = {
     ),
     "monitored-metric-never-logged": Case(
         ("fit", *BASE, "--config", "{tmp}/model_attribute.yaml"),
-        ("ModelCheckpoint(monitor='val/acc')", "never logs 'val/acc'", "val/loss"),
+        ("BestCheckpoint(monitor='val/acc')", "never logs 'val/acc'", "val/loss"),
     ),
     "network-attribute-missing": Case(
         ("fit", *BASE, "--config", "{tmp}/net_attribute.yaml"), ("net_attribute='body'", "net")

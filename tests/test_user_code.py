@@ -146,5 +146,5 @@ def test_a_monitored_metric_the_module_never_logs_is_refused_before_training(tmp
     args = ["--model.class_path", "user_code.ModelAttributeClassifier", "--model.init_args.model", json.dumps(model)]
     result = run_cli(["fit", "--config", DIGITS, "--config", FAST, *args], tmp_path)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    assert_clean_error(result, "ModelCheckpoint(monitor='val/acc')", "never logs 'val/acc'", "val/loss")
+    assert_clean_error(result, "BestCheckpoint(monitor='val/acc')", "never logs 'val/acc'", "val/loss")
     assert run_dirs(tmp_path) == []

@@ -15,6 +15,7 @@ from __future__ import annotations
 from lightning import Callback
 
 from project.callbacks.barrier import BarrierCallback
+from project.callbacks.best_checkpoint import BestCheckpoint
 from project.callbacks.checks import MonitoredMetricsCheck
 from project.callbacks.learning_rate import LearningRateCallback
 from project.callbacks.loaders import LoaderGuaranteesCallback
@@ -29,6 +30,7 @@ from project.callbacks.unwrap import UnwrapEvalCallback
 
 __all__ = [
     "BarrierCallback",
+    "BestCheckpoint",
     "LearningRateCallback",
     "LoaderGuaranteesCallback",
     "MonitoredMetricsCheck",
