@@ -9,6 +9,7 @@ from pathlib import Path
 import lightning as L
 
 from project.checkpoints import sharded
+from project.models.classifier import Classifier
 
 
 class KillBeforeShardedRename(L.Callback):
@@ -31,3 +32,23 @@ class KillBeforeShardedRename(L.Callback):
             replace(source, target)
 
         sharded.replace = dying_replace
+
+
+class NanInOneShard(Classifier):
+    """The digits classifier whose gradient is nan in one element of rank ``rank``'s shard at global step ``step``.
+
+    The loss stays finite on every rank and the other rank's shard stays finite: only a verdict that the ranks
+    agree on (not each rank's look at its own shard) stops them all before that update.
+    """
+
+    def __init__(self, *args, step: int = 3, rank: int = 0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.nan_step = step
+        self.nan_rank = rank
+
+    def on_after_backward(self) -> None:
+        """After FSDP's reduce-scatter: spoil one element of this rank's shard of the first weight's gradient."""
+        if self.trainer.global_step == self.nan_step and self.trainer.global_rank == self.nan_rank:
+            grad = next(self.parameters()).grad
+            local = grad.to_local() if hasattr(grad, "to_local") else grad
+            local.view(-1)[0] = float("nan")

@@ -405,3 +405,29 @@ def test_a_kill_before_the_rename_leaves_the_previous_checkpoint_and_resume_on_2
             assert scalars[tag][-1][1] == pytest.approx(logged[tag][-1][1], abs=1e-5), (name, tag)
     assert_close_weights(resumed["two"], want)
     assert_close_weights(resumed["one"], want)
+
+
+@pytest.mark.slow
+def test_raw_ddp_weights_start_an_fsdp_run(fsdp_run, tmp_path):
+    """The seed's DDP ``state_dict()`` (``module.`` keys) loads before sharding and tests as its source did."""
+    export = torch.load(fsdp_run / "export" / "model.pt", weights_only=True)
+    raw = tmp_path / "ddp_model.pt"
+    torch.save({f"module.{key}": value for key, value in export.items()}, raw)
+    args = ["test", "--config", DIGITS, "--config", CPU_FSDP, *COMMON, "--model.init_args.weights", str(raw)]
+    result = run_cli(args, tmp_path)
+    assert result.returncode == 0, said(result)
+    (run,) = run_dirs(tmp_path)
+    assert read_plan(run)["strategy"]["name"] == "fsdp"
+    logged = read_scalars(fsdp_run)["test/acc"][-1][1]  # the best checkpoint's, which the export holds
+    assert read_scalars(run)["test/acc"][-1][1] == pytest.approx(logged, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_nan_in_one_ranks_gradient_shard_stops_every_rank_under_fsdp(tmp_path):
+    """Each rank holds a shard of the reduced gradients: one rank's nan is seen by all, so every rank stops."""
+    nan_in_rank_0 = ["--model.class_path", "fsdp_faults.NanInOneShard", "--model.init_args.step", "3"]
+    result = fit(tmp_path, CPU_FSDP, *nan_in_rank_0)
+    assert result.returncode == 1, said(result)
+    assert "Traceback" not in result.stderr, said(result)
+    assert "error: the training loss is not finite at step 3 (epoch 0) (rank 0: " in result.stderr, said(result)
+    assert "no checkpoint was written yet" in result.stderr, said(result)
