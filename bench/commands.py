@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -21,43 +23,50 @@ LABELS = {
     "lean": "template without per-step callbacks",
     "hooks": "template, its per-step hooks timed",
 }
-#: `--ablate`: the template's config without the callbacks that act on every step (by these traits).
-PER_STEP_CALLBACKS = ("every_n_train_steps", "NonFiniteLossCallback")
+#: `--ablate`: the template's config without the callbacks that act on every step (these classes).
+PER_STEP_CALLBACKS = ("TimedCheckpoint", "NonFiniteLossCallback")
 
 
 def prepare_data(workload: Workload, directory: Path) -> Path:
-    """Write the template's own training split (SyntheticDataModule, same seed) for the raw and plain runs."""
-    from project.data.synthetic import SyntheticDataModule
+    """Write the template's own training split (its datamodule, same seed) for the raw and plain runs."""
+    import importlib
 
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{workload.name}-train.pt"
+    # Named by what it holds: a changed workload never reads a stale file.
+    digest = hashlib.sha1(json.dumps([workload.data_class, workload.data_args()]).encode()).hexdigest()[:10]
+    path = directory / f"{workload.name}-train-{digest}.pt"
     if not path.exists():
         import torch
 
-        data = SyntheticDataModule(**workload.data_args())
+        module, _, name = workload.data_class.rpartition(".")
+        data = getattr(importlib.import_module(module), name)(**workload.data_args())
         data.setup("fit")
-        x, y = data.train_set.tensors  # type: ignore[union-attr]
+        x, y = data.train_set.tensors
         torch.save({"x": x.contiguous(), "y": y.contiguous()}, path)
     return path
 
 
 def write_template_config(workload: Workload, directory: Path) -> Path:
-    """The workload as a config file layered over ``configs/digits.yaml``."""
+    """The workload as a config file layered over its :attr:`~bench.workloads.Workload.base_config`."""
     path = directory / f"{workload.name}.yaml"
     path.write_text(yaml.safe_dump(workload.template_config(), sort_keys=False))
     return path
 
 
-def write_lean_config(directory: Path) -> tuple[Path, list[str]]:
-    """``configs/digits.yaml``'s callbacks minus those that act on every step; the file and what it left out."""
-    callbacks = yaml.safe_load((REPO / "configs/digits.yaml").read_text())["trainer"]["callbacks"]
+def lean_config_path(directory: Path, base_config: str) -> Path:
+    """Where :func:`write_lean_config` writes the lean layer of ``base_config``."""
+    return directory / f"lean-{Path(base_config).stem}.yaml"
+
+
+def write_lean_config(directory: Path, base_config: str = "configs/digits.yaml") -> tuple[Path, list[str]]:
+    """``base_config``'s callbacks minus those that act on every step; the file and what it left out."""
+    callbacks = yaml.safe_load((REPO / base_config).read_text())["trainer"]["callbacks"]
 
     def per_step(callback: dict) -> bool:
-        init_args = callback.get("init_args") or {}
-        return callback["class_path"].endswith(PER_STEP_CALLBACKS) or bool(init_args.get("every_n_train_steps"))
+        return callback["class_path"].endswith(PER_STEP_CALLBACKS)
 
     dropped = [f"{c['class_path'].rsplit('.', 1)[-1]}{c.get('init_args') or ''}" for c in callbacks if per_step(c)]
-    path = directory / "lean.yaml"
+    path = lean_config_path(directory, base_config)
     path.write_text(yaml.safe_dump({"trainer": {"callbacks": [c for c in callbacks if not per_step(c)]}}))
     return path, dropped
 
@@ -67,7 +76,7 @@ def template_layout(row: Row) -> list[str]:
     if row.device == "gpu":
         return ["--config", str(REPO / "configs/parallel/single_gpu.yaml"), "--parallel.precision", "bf16-mixed"]
     if row.processes == 1:
-        return []  # configs/digits.yaml's `parallel.scenario: auto` is one CPU process here
+        return []  # the base config's `parallel.scenario: auto` is one CPU process here
     if row.processes == 2:
         return ["--config", str(REPO / "configs/parallel/cpu_ddp.yaml")]
     return ["--config", str(REPO / "configs/parallel/cpu_ddp.yaml"), "--parallel.devices", str(row.processes)]
@@ -93,14 +102,14 @@ def command(variant: str, row: Row, data: Path, config: Path) -> list[str]:
             args += ["--accelerator", "gpu", "--precision", "bf16-mixed"]
         return args + workload.script_args()
     if variant == "lean":
-        lean = ["--config", str(config.parent / "lean.yaml")]
+        lean = ["--config", str(lean_config_path(config.parent, workload.base_config))]
         return [*command("template", row, data, config)[:-1], *lean, "--trainer.callbacks+=bench.timing.StepTimer"]
     if variant == "hooks":
         return [*command("template", row, data, config)[:-1], "--trainer.callbacks+=bench.timing.HookTimer"]
     if variant == "template":
         return [
             python, "-m", "project", "fit",
-            "--config", str(REPO / "configs/digits.yaml"),
+            "--config", str(REPO / workload.base_config),
             *template_layout(row),
             "--config", str(config),
             "--trainer.callbacks+=bench.timing.StepTimer",

@@ -193,8 +193,8 @@ def run_all(
     """Measure every row and the latency commands, ``repeats`` times, interleaved; return everything."""
     work.mkdir(parents=True, exist_ok=True)
     inputs = {}
-    if any("lean" in row.variants for row in rows):
-        log(f"  --ablate leaves out of the template: {'; '.join(write_lean_config(work)[1]) or 'nothing'}")
+    for base in sorted({row.workload.base_config for row in rows if "lean" in row.variants}):
+        log(f"  --ablate leaves out of {base}: {'; '.join(write_lean_config(work, base)[1]) or 'nothing'}")
     for row in rows:
         if row.workload.name not in inputs:
             inputs[row.workload.name] = (prepare_data(row.workload, work), write_template_config(row.workload, work))

@@ -15,15 +15,15 @@ optimization can be faster than this.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
+from bench.raw import network
 from bench.timing import StepTimer
-from project.models.digits_net import DigitsNet
 from project.parallel.sampling import GlobalBatchSampler
 from project.parallel.strategies import ddp_buffer_kwargs
 
@@ -31,14 +31,14 @@ from project.parallel.strategies import ddp_buffer_kwargs
 class PlainModule(L.LightningModule):
     """What a user writes first: forward, loss, one ``self.log``, an optimizer."""
 
-    def __init__(self, net: torch.nn.Module, lr: float, momentum: float, log: bool = True) -> None:
+    def __init__(self, net: torch.nn.Module, loss_fn: Any, lr: float, momentum: float, log: bool = True) -> None:
         super().__init__()
-        self.net = net
+        self.net, self.loss_fn = net, loss_fn
         self.lr, self.momentum, self.log_loss = lr, momentum, log
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        loss = F.cross_entropy(self.net(x), y)
+        loss = self.loss_fn(self.net(x), y)
         if self.log_loss:
             self.log("train/loss", loss)
         return loss
@@ -64,6 +64,7 @@ class PlainData(L.LightningDataModule):
 def main() -> None:
     parser = argparse.ArgumentParser(description="Plain Lightning with Trainer defaults.")
     parser.add_argument("--data", required=True)
+    parser.add_argument("--task", choices=("classification", "regression"), default="classification")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=2000)
@@ -79,8 +80,8 @@ def main() -> None:
 
     tensors = torch.load(args.data, weights_only=True)
     torch.manual_seed(args.seed)
-    net = DigitsNet(in_features=tensors["x"].shape[1], hidden=args.hidden, dropout=0.0, batch_norm=True)
-    model = PlainModule(net, args.lr, args.momentum, log=not args.bare)
+    net, loss_fn = network(args.task, tensors["x"].shape[1], args.hidden)
+    model = PlainModule(net, loss_fn, args.lr, args.momentum, log=not args.bare)
     dataset = TensorDataset(tensors["x"], tensors["y"])
     data = PlainData(dataset, args.batch_size, args.data_seed, pin_memory=args.accelerator == "gpu")
     strategy: str | DDPStrategy = "auto"

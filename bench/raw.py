@@ -3,9 +3,10 @@
     python bench/raw.py --data train.pt --steps 2000                           # one process
     torchrun --standalone --nproc-per-node 2 bench/raw.py --data train.pt ...   # DDP, gloo on CPU
 
-It trains the template's own network (``DigitsNet``) on the same tensors in the same order as the
-template (``GlobalBatchSampler`` is a ``DistributedSampler`` whose global batches do not depend on
-the world size), so its final loss can be compared with the Lightning runs. No Lightning import.
+It trains the template's own network (``DigitsNet`` with cross-entropy, or ``--task regression``: ``MLP``
+with MSE) on the same tensors in the same order as the template (``GlobalBatchSampler`` is a
+``DistributedSampler`` whose global batches do not depend on the world size), so its final loss can be
+compared with the Lightning runs. No Lightning import.
 """
 
 import argparse
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.record import StepClock, weights_checksum, write_record
 from project.models.digits_net import DigitsNet
+from project.models.mlp import MLP
 from project.parallel.sampling import GlobalBatchSampler
 
 
@@ -34,10 +36,18 @@ def synchronize():
     dist.barrier()
 
 
+def network(task, in_features, hidden):
+    """The network and loss of the task: what the template's Classifier or Regressor computes."""
+    if task == "regression":
+        return MLP(in_features, hidden, out_features=1, depth=2), lambda out, y: F.mse_loss(out.squeeze(-1), y)
+    return DigitsNet(in_features=in_features, hidden=hidden, dropout=0.0, batch_norm=True), F.cross_entropy
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description="Raw PyTorch training loop (the seed's recipe).")
     parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     parser.add_argument("--data", required=True, help="torch.save'd {'x', 'y'} training tensors")
+    parser.add_argument("--task", choices=("classification", "regression"), default="classification")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32, help="per process")
     parser.add_argument("--steps", type=int, default=2000)
@@ -70,7 +80,8 @@ def main():
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, pin_memory=device.type == "cuda")
 
     torch.manual_seed(args.seed)
-    model = DigitsNet(in_features=data["x"].shape[1], hidden=args.hidden, dropout=0.0, batch_norm=True).to(device)
+    model, loss_fn = network(args.task, data["x"].shape[1], args.hidden)
+    model = model.to(device)
     if is_distributed:
         ids = [args.local_rank] if device.type == "cuda" else None
         # The seed's flags; torch 2.13 warns that broadcast_buffers is now called forward_sync_buffers.
@@ -87,7 +98,7 @@ def main():
         for x, y in loader:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with mixed:
-                loss = F.cross_entropy(model(x), y)
+                loss = loss_fn(model(x), y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

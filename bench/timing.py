@@ -64,16 +64,18 @@ class HookTimer(StepTimer):
     """:class:`StepTimer` that also times, per step, each callback's per-step hooks and Lightning's call around them.
 
     ``--ablate`` runs the template once more with this in place of ``StepTimer`` (its steps/s are not reported:
-    the timing itself costs about a microsecond per hook). The record gets ``hooks_us``: for each callback
-    (and the module's ``on_train_batch_end``, where the template's modules log), the microseconds per
-    measured step spent inside its hooks; and ``dispatch_us``: what Lightning spends calling each callback's
-    hooks even when they do nothing (``getattr``, the callback's ``state_key``, the profiler's context),
-    timed here in the same process at the end of training, times the hooks per step.
+    the timing itself costs about a microsecond per hook). The record gets ``hooks_us``: for each callback,
+    the module's ``on_train_batch_end`` and its ``self.log`` calls (wherever they are made), the microseconds
+    per measured step spent inside them, each exclusive of the others; and ``dispatch_us``: what Lightning
+    spends calling each callback's hooks even when they do nothing (``getattr``, the callback's
+    ``state_key``, the profiler's context), timed in the same process at the end of training, times the
+    hooks per step.
     """
 
     def __init__(self, warmup: int | None = None) -> None:
         super().__init__(warmup)
         self.spent: dict[str, float] = {}
+        self._nested: list[float] = []  # time spent in timed calls inside the one being timed
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Wrap the per-step hooks that each callback (and the module) overrides."""
@@ -83,8 +85,10 @@ class HookTimer(StepTimer):
             for hook in STEP_HOOKS:
                 if getattr(type(callback), hook) is not getattr(L.Callback, hook):
                     self._wrap(callback, hook, type(callback).__name__)
+        module = type(pl_module).__name__
         if type(pl_module).on_train_batch_end is not L.LightningModule.on_train_batch_end:
-            self._wrap(pl_module, "on_train_batch_end", f"{type(pl_module).__name__}.on_train_batch_end")
+            self._wrap(pl_module, "on_train_batch_end", f"{module}.on_train_batch_end")
+        self._wrap(pl_module, "log", f"{module}: self.log")
 
     def _wrap(self, owner: Any, hook: str, name: str) -> None:
         original = getattr(owner, hook)
@@ -94,10 +98,14 @@ class HookTimer(StepTimer):
             if self.clock is None or len(self.clock.times) < self.clock.warmup:
                 return original(*args, **kwargs)
             start = time.perf_counter()
+            self._nested.append(0.0)
             try:
                 return original(*args, **kwargs)
             finally:
-                self.spent[name] += time.perf_counter() - start
+                elapsed = time.perf_counter() - start
+                self.spent[name] += elapsed - self._nested.pop()
+                if self._nested:
+                    self._nested[-1] += elapsed
 
         setattr(owner, hook, timed)
 

@@ -1,12 +1,16 @@
 """The benchmark harness cannot rot: its quick mode trains raw, plain Lightning and the template to the same loss."""
+# The quick mode's rows: the small MLP on 1 and 2 processes and the regression task; every row checks equal work.
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 
+import lightning as L
 import pytest
+import torch
 import yaml
 
 from helpers import REPO, cli_env
@@ -14,7 +18,9 @@ from helpers import REPO, cli_env
 sys.path.insert(0, str(REPO))  # `bench` is a folder of the repository, not an installed package
 from bench.commands import command, write_lean_config
 from bench.harness import RowResult, Run
-from bench.workloads import QUICK_SMALL, Row
+from bench.record import OUT_ENV
+from bench.timing import HookTimer
+from bench.workloads import QUICK_REGRESSION, QUICK_SMALL, Row
 
 
 @pytest.mark.distributed
@@ -30,7 +36,7 @@ def test_quick_bench_runs_raw_plain_and_template_to_the_same_loss(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     data = json.loads((tmp_path / "work" / "results.json").read_text())
     rows = {row["key"]: row for row in data["rows"]}
-    assert sorted(rows) == ["small-cpu-1", "small-cpu-2"]
+    assert sorted(rows) == ["reg-cpu-1", "small-cpu-1", "small-cpu-2"]
     for row in rows.values():
         assert row["equal_work"], row["equal_work_detail"]
         records = [run["record"] for run in row["runs"]]
@@ -41,6 +47,7 @@ def test_quick_bench_runs_raw_plain_and_template_to_the_same_loss(tmp_path):
         assert len({record["checksum"] for record in records}) == 1
     assert {run["variant"] for run in rows["small-cpu-1"]["runs"]} == {"raw", "plain", "template"}
     assert {run["variant"] for run in rows["small-cpu-2"]["runs"]} == {"raw", "template"}
+    assert {run["variant"] for run in rows["reg-cpu-1"]["runs"]} == {"raw", "template"}
     table = (tmp_path / "results.md").read_text()
     assert "template / raw" in table and "GPU row:" in table
     assert (tmp_path / "results.png").stat().st_size > 0
@@ -65,11 +72,50 @@ def test_equal_work_check_tells_different_losses_and_failures_apart():
     assert not ok and "boom" in detail
 
 
-def test_ablation_config_drops_only_the_callbacks_that_act_on_every_step(tmp_path):
-    path, dropped = write_lean_config(tmp_path)
+@pytest.mark.parametrize("base", ["configs/digits.yaml", "configs/diabetes.yaml"])
+def test_ablation_config_drops_only_the_callbacks_that_act_on_every_step(tmp_path, base):
+    path, dropped = write_lean_config(tmp_path, base)
     kept = yaml.safe_load(path.read_text())["trainer"]["callbacks"]
-    everything = yaml.safe_load((REPO / "configs" / "digits.yaml").read_text())["trainer"]["callbacks"]
+    everything = yaml.safe_load((REPO / base).read_text())["trainer"]["callbacks"]
     assert len(kept) + len(dropped) == len(everything) and dropped
-    assert not any((c.get("init_args") or {}).get("every_n_train_steps") for c in kept)
-    args = command("lean", Row(QUICK_SMALL, 1), tmp_path / "data.pt", tmp_path / "quick.yaml")
+    assert not any(c["class_path"].endswith(("TimedCheckpoint", "NonFiniteLossCallback")) for c in kept)
+    workload = QUICK_SMALL if base.endswith("digits.yaml") else QUICK_REGRESSION
+    args = command("lean", Row(workload, 1), tmp_path / "data.pt", tmp_path / "quick.yaml")
     assert args[-3:] == ["--config", str(path), "--trainer.callbacks+=bench.timing.StepTimer"]
+    assert str(REPO / base) in args
+
+
+class Busy(L.Callback):
+    """A callback whose per-step hook takes a known minimum time."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        time.sleep(0.002)
+
+
+class Logs(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch[0]).pow(2).mean()
+        self.log("train/loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_the_hook_timer_times_each_callback_and_the_modules_logging_in_the_run(tmp_path, monkeypatch):
+    record = tmp_path / "record.json"
+    monkeypatch.setenv(OUT_ENV, str(record))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4)
+    trainer = L.Trainer(
+        max_steps=12, callbacks=[Busy(), HookTimer(warmup=2)], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(Logs(), data)
+    written = json.loads(record.read_text())
+    assert written["hooks_us"]["Busy"] >= 2000  # the sleep, per measured step
+    assert 0 < written["hooks_us"]["Logs: self.log"] < written["hooks_us"]["Busy"]
+    assert written["dispatch_us"]["Busy"] > 0 and "HookTimer" not in written["dispatch_us"]
