@@ -26,11 +26,15 @@ def all_finite(state: dict[str, torch.Tensor]) -> bool:
 
 
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    # Step 13 is mid-epoch 1 (9 steps per epoch), after the epoch-0 and step checkpoints.
+    # Step 13 is mid-epoch 1 (9 steps per epoch), after the epoch-0 checkpoints. The config's ranks compare
+    # their losses every 10 steps and before every save: epoch 1's steps 9-17, before its checkpoint at 18.
     result = run_cli([*FIT, *NAN_ON_RANK_1, "--model.init_args.nan_steps", "[13]"], tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert "error: the training loss is not finite at step 13 (epoch 1) (rank 1: nan)" in result.stderr
+    assert (
+        "error: the training loss is not finite at step 13 (epoch 1) (rank 1: nan); found before the checkpoint of "
+        "step 18 was written (check_every_n_steps=10); the updates of steps 13 to 17 were applied, never saved"
+    ) in result.stderr
     (run,) = run_dirs(tmp_path)
     last = run / "checkpoints" / "last.ckpt"
     assert f"the last good checkpoint is {last.relative_to(tmp_path)}" in result.stderr
@@ -42,7 +46,8 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint
 def test_nonfinite_loss_can_skip_the_step_on_every_rank(tmp_path):
     # `action: skip` set the way a user does: in the config file.
     config = tmp_path / "digits_skip.yaml"
-    config.write_text(Path(DIGITS).read_text().replace("action: stop", "action: skip"))
+    text = Path(DIGITS).read_text().replace("action: stop", "action: skip")
+    config.write_text(text.replace("check_every_n_steps: 10", "check_every_n_steps: 1"))
     args = [*FIT[:2], str(config), *FIT[3:], *NAN_ON_RANK_1, "--model.init_args.nan_steps", "[3, 13]"]
     result = run_cli(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -56,23 +61,22 @@ def test_nonfinite_loss_can_skip_the_step_on_every_rank(tmp_path):
     assert scalars["test/acc"][-1][1] >= 0.8
 
 
-def test_checking_every_n_steps_names_the_first_bad_step_and_no_checkpoint_holds_its_update(tmp_path):
-    # No host sync per step: the ranks compare their losses every 5 steps (steps 9-13 of epoch 1 are one window)
-    # and before every checkpoint; the nan of step 11 is found before the update of step 13.
-    config = tmp_path / "digits_every_5.yaml"
-    config.write_text(Path(DIGITS).read_text().replace("action: stop", "action: stop\n        check_every_n_steps: 5"))
-    args = [*FIT[:2], str(config), *FIT[3:], *NAN_ON_RANK_1, "--model.init_args.nan_steps", "[11]"]
+def test_checking_before_every_update_stops_before_the_bad_one(tmp_path):
+    # check_every_n_steps: 1 reads the verdict (the all-reduced gradients) before every update.
+    config = tmp_path / "digits_every_step.yaml"
+    config.write_text(Path(DIGITS).read_text().replace("check_every_n_steps: 10", "check_every_n_steps: 1"))
+    args = [*FIT[:2], str(config), *FIT[3:], *NAN_ON_RANK_1, "--model.init_args.nan_steps", "[13]"]
     result = run_cli(args, tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert (
-        "error: the training loss is not finite at step 11 (epoch 1) (rank 1: nan); found at the check before the "
-        "update of step 13 (check_every_n_steps=5); the updates of steps 11 to 12 were applied, never saved"
+        "error: the training loss is not finite at step 13 (epoch 1) (rank 1: nan); stopped before applying that "
+        "update, the last good checkpoint is"
     ) in result.stderr
     (run,) = run_dirs(tmp_path)
     for checkpoint in (run / "checkpoints").glob("*.ckpt"):
         saved = torch.load(checkpoint, weights_only=True)
-        assert saved["global_step"] <= 11 and all_finite(saved["state_dict"]), checkpoint.name
+        assert saved["global_step"] < 13 and all_finite(saved["state_dict"]), checkpoint.name
 
 
 def test_skip_needs_a_check_before_every_update():

@@ -23,6 +23,7 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
@@ -61,6 +62,18 @@ def _all_finite(tensors: list[Tensor]) -> bool:
     if not tensors:
         return True
     return math.isfinite(torch.stack([tensor.sum(dtype=torch.float32) for tensor in tensors]).sum().item())
+
+
+def _gather(trainer: L.Trainer, tensor: Tensor) -> Tensor:
+    """``tensor`` of every rank, stacked in rank order (``[world_size, *shape]``): one all-gather."""
+    if trainer.world_size == 1:
+        return tensor.unsqueeze(0)
+    if not (dist.is_available() and dist.is_initialized()):
+        return trainer.strategy.all_gather(tensor).reshape(trainer.world_size, *tensor.shape)
+    # torch.distributed's own: Lightning's all_gather goes through a function torch 2.13 warns is deprecated.
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.stack(parts)
 
 
 class NonFiniteLossCallback(L.Callback):
@@ -195,9 +208,7 @@ class NonFiniteLossCallback(L.Callback):
         if not self._window:
             return
         window, self._window = self._window, []
-        losses = torch.stack([loss for _, _, loss in window])
-        losses = trainer.strategy.all_gather(losses) if trainer.world_size > 1 else losses
-        losses = losses.reshape(trainer.world_size, -1).cpu()
+        losses = _gather(trainer, torch.stack([loss for _, _, loss in window])).cpu()
         finite = torch.isfinite(losses)
         if bool(finite.all()):
             return
