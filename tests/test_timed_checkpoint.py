@@ -12,6 +12,7 @@ import re
 import threading
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -204,3 +205,36 @@ def test_a_killed_run_loses_at_most_the_configured_time_of_work(tmp_path, proces
         torch.load(tmp_path / "logs/digits/version_0/checkpoints/last.ckpt", weights_only=True)["global_step"]
         == kill_step + 5
     )
+
+
+class Net(L.LightningModule):
+    """Four numbers in, one out; records the micro-batch each checkpoint was saved after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.saved_at: list[tuple[int, int]] = []
+
+    def training_step(self, batch, batch_idx):
+        self.batch_idx = batch_idx
+        return self.layer(batch[0]).pow(2).mean()
+
+    def on_save_checkpoint(self, checkpoint) -> None:
+        self.saved_at.append((self.trainer.global_step, self.batch_idx))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_saves_come_after_optimizer_steps_never_between_accumulated_micro_batches(tmp_path):
+    model = Net()
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4)
+    trainer = L.Trainer(
+        max_steps=6, accumulate_grad_batches=2, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0,
+        callbacks=[TimedCheckpoint(every_s=None, every_n_steps=2, every_n_epochs=0, dirpath=str(tmp_path))],
+    )  # fmt: skip
+    trainer.fit(model, data)
+    # Steps 2, 4, 6, each right after the second micro-batch of its step (batch_idx 3, 7, 11).
+    assert model.saved_at == [(2, 3), (4, 7), (6, 11)]
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 6

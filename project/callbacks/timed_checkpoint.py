@@ -12,9 +12,9 @@ since the previous check, the step of the next one: about ``every_s / 10`` secon
 deadline when that comes sooner. One small broadcast carries both; between checks the ranks do not talk.
 One process reads its clock after every step (about a microsecond) and needs no check.
 
-So the save comes at most one step after ``every_s`` while the step rate holds, and at most ``every_s / 10``
-seconds plus one step late when it changes (one check interval at the old rate). Every save is made right
-after an optimizer step, never between accumulated micro-batches, so the run resumes from it exactly.
+So the save comes at most one step after ``every_s`` while the step rate holds; if steps become k times
+slower, up to k x ``every_s / 10`` late (one check interval planned at the old rate). Every save is made
+right after an optimizer step, never between accumulated micro-batches, so the run resumes from it exactly.
 """
 
 from __future__ import annotations
@@ -113,6 +113,8 @@ class TimedCheckpoint(ModelCheckpoint):
         self.schedule = SaveSchedule(every_s) if every_s is not None else None
         self._seen_step = -1
         self._next_check = 0
+        self._active = True  # False under fast_dev_run (no checkpoints, as ModelCheckpoint)
+        self._one_process = True
         # Lightning builds the state key around every hook of every callback, each step; ModelCheckpoint's is
         # a dict repr (about 3 us). It depends on the file only, so that changing the interval keeps the state.
         self._state_key = self._generate_state_key(filename=filename)
@@ -127,6 +129,8 @@ class TimedCheckpoint(ModelCheckpoint):
         super().on_train_start(trainer, pl_module)
         self._seen_step = trainer.global_step
         self._next_check = trainer.global_step + 1
+        # Read once: these Trainer properties walk several objects, and this hook runs every step.
+        self._active, self._one_process = not trainer.fast_dev_run, trainer.world_size == 1
         if self.schedule is not None:
             self.schedule.start(trainer.global_step)
 
@@ -140,12 +144,12 @@ class TimedCheckpoint(ModelCheckpoint):
     ) -> None:
         """After each optimizer step: save when the steps or the clock (agreed by the ranks) say so."""
         step = trainer.global_step
-        if step == self._seen_step or trainer.fast_dev_run:  # a micro-batch that did not step (accumulation)
+        if step == self._seen_step or not self._active:  # a micro-batch that did not step (accumulation)
             return
         self._seen_step = step
         save = self.every_n_steps is not None and step % self.every_n_steps == 0
         if self.schedule is not None:
-            if trainer.world_size == 1:
+            if self._one_process:
                 save = save or self.schedule.due()
             elif step >= self._next_check:
                 verdict = self.schedule.check(step) if trainer.is_global_zero else None
