@@ -1,4 +1,4 @@
-"""Test-only fault for the FSDP tests, added with ``--trainer.callbacks+=...`` (``tests/`` is on PYTHONPATH)."""
+"""Test-only faults and probes for the FSDP tests, added by class path (``tests/`` is on PYTHONPATH)."""
 
 from __future__ import annotations
 
@@ -52,3 +52,29 @@ class NanInOneShard(Classifier):
             grad = next(self.parameters()).grad
             local = grad.to_local() if hasattr(grad, "to_local") else grad
             local.view(-1)[0] = float("nan")
+
+
+class GradientSyncRecorder(L.Callback):
+    """Write, per micro-batch, whether FSDP will reduce-scatter its gradients (what ``block_backward_sync`` sets)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.syncs: list[bool] = []
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: object) -> None:
+        """FSDP2's own flag on every unit (torch has no public getter): all True, or all False."""
+        from torch.distributed.fsdp import FSDPModule
+
+        flags = {
+            group.reduce_grads
+            for unit in pl_module.modules()
+            if isinstance(unit, FSDPModule)
+            for group in unit._get_fsdp_state()._fsdp_param_groups
+        }
+        assert len(flags) == 1, flags
+        self.syncs.append(flags.pop())
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Rank 0 writes the flags, one per line."""
+        if trainer.is_global_zero:
+            Path(self.path).write_text("\n".join(str(sync) for sync in self.syncs) + "\n")

@@ -9,7 +9,7 @@ different numbers of batches, which FSDP's per-forward all-gather must survive:
 - ``killed``: the fsdp run, rank 0 SIGKILLed when the checkpoint of step 20 is written but not yet renamed;
   then resumed on 2 processes (sharded) and, from a copy, on 1 (merged): both end at ``fsdp``'s weights and
   report its validation metrics;
-- hybrid sharding on two "machines" of one process each.
+- hybrid sharding on two "machines" of one process each, with gradient accumulation.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 def assert_close_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
     assert got.keys() == want.keys()
     for key in want:
-        torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6, msg=key)
+        torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-5, msg=key)  # the issue: within 1e-5
 
 
 # --------------------------------------------------------------------------------------------- the plan
@@ -353,10 +353,14 @@ def test_fsdp_and_ddp_of_the_same_seed_reach_the_same_weights(fsdp_run, tmp_path
 
 
 @pytest.mark.slow
-def test_hybrid_sharding_over_two_nodes_reaches_the_same_weights(fsdp_run, tmp_path):
-    """Two "machines" on localhost (1 process each): replicated across them, sharded within (shard degree 1)."""
+def test_hybrid_sharding_over_two_nodes_with_accumulation_reaches_the_same_weights(fsdp_run, tmp_path):
+    """Two "machines" on localhost (1 process each): replicated across them, sharded within (shard degree 1),
+    and 2 micro-batches of 8 per step: reduced on the last micro-batch only, as DDP's no_sync does."""
+    syncs = tmp_path / "syncs.txt"
+    recorder = json.dumps({"class_path": "fsdp_faults.GradientSyncRecorder", "init_args": {"path": str(syncs)}})
     args = ["fit", "--config", every_10_steps(), "--config", CPU_FSDP, *COMMON, "--test_after_fit", "false"]
     args += ["--parallel.sharding", "hybrid", "--parallel.num_nodes", "2", "--parallel.devices", "1"]
+    args += ["--parallel.per_device_batch_size", "8", f"--trainer.callbacks+={recorder}"]
     job = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     nodes = [
         subprocess.Popen(
@@ -375,6 +379,7 @@ def test_hybrid_sharding_over_two_nodes_reaches_the_same_weights(fsdp_run, tmp_p
     (run,) = run_dirs(tmp_path)
     plan = read_plan(run)
     assert plan["degrees"] == {"dp_replicate": 2, "dp_shard": 1} and plan["strategy"]["sharding"] == "hybrid"
+    assert plan["accumulation"] == 2 and syncs.read_text().split() == ["False", "True"] * (1398 // 32)
     assert_close_weights(weights(run / "checkpoints" / "last.ckpt"), weights(fsdp_run / "checkpoints" / "last.ckpt"))
 
 
