@@ -203,14 +203,24 @@ def shard_module(
         fully_shard(root, **kwargs)
 
 
-def broadcast_from_rank0(module: nn.Module) -> None:
-    """Give every rank rank 0's parameters and buffers before sharding, as DDP does when it wraps."""
+def broadcast_from_rank0(module: nn.Module, device: torch.device) -> None:
+    """Give every rank rank 0's parameters and buffers before sharding, as DDP does when it wraps.
+
+    A tensor that is not on the process group's ``device`` (CPU weights under nccl) goes through a copy there,
+    one tensor at a time, so no rank ever holds the whole model on the device.
+    """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
-            if tensor.device.type != "meta":
+            if tensor.device.type == "meta":
+                continue
+            if tensor.device == device:
                 dist.broadcast(tensor, src=0)
+            else:
+                staged = tensor.detach().to(device)
+                dist.broadcast(staged, src=0)
+                tensor.copy_(staged)
 
 
 def sharded_grads_finite(grads: list[torch.Tensor]) -> bool | None:
@@ -287,7 +297,7 @@ class FSDPStrategy(ModelParallelStrategy):
         # The parameters before sharding, kept alive (so their ids stay theirs) until the optimizers are built.
         self._before_sharding = dict(module.named_parameters())
         if not is_sharded(module):
-            broadcast_from_rank0(module)
+            broadcast_from_rank0(module, self.root_device)
             classes = resolve_wrap_classes(module, self.wrap_modules)
             shard_module(module, self._shard_mesh, self.sharding, self.cpu_offload, classes)
         # Lightning's ModelParallelStrategy.setup insists on a configure_model that shards; the plain
