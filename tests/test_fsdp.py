@@ -143,6 +143,12 @@ def test_plan_for_8_gpus_shows_fsdp_sharding_and_units(tmp_path):
         plan_units("fsdp", "single_device", Classifier(DigitsNet()), ["Conv2d"])
 
 
+def test_fit_refuses_an_unknown_unit_class_before_anything_is_written(tmp_path):
+    result = run_cli(["fit", "--config", DIGITS, "--config", CPU_FSDP, "--parallel.wrap_modules=[Conv2d]"], tmp_path)
+    assert_clean_error(result, "error: parallel.wrap_modules lists 'Conv2d'", "(they have: BatchNorm1d, DigitsNet")
+    assert result.returncode == 2 and not (tmp_path / "logs").exists()
+
+
 # ------------------------------------------------------------------------------------------- the units
 class Block(nn.Module):
     def __init__(self) -> None:
