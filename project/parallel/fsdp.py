@@ -1,8 +1,12 @@
 """Fully sharded data parallel for any LightningModule: ``parallel.scenario: fsdp``.
 
 The strategy is Lightning's FSDP2-based :class:`~lightning.pytorch.strategies.ModelParallelStrategy` (its device
-mesh, launcher, sharded ``torch.distributed.checkpoint`` saves and loads), except that the module need not
-write ``configure_model``: the strategy applies ``torch.distributed.fsdp.fully_shard`` itself, from the plan.
+mesh, launcher, process group), except that the module need not write ``configure_model``: the strategy applies
+``torch.distributed.fsdp.fully_shard`` itself, from the plan, and points the optimizers LightningCLI built
+before sharding at the sharded parameters. Its checkpoints are atomic sharded folders read under the project's
+pickle policy (:mod:`project.checkpoints.sharded`); every rank starts from rank 0's weights, as under DDP;
+gradient accumulation reduces on the last micro-batch only; an evaluation whose exactly-once shards give the
+ranks different numbers of batches runs on parameters gathered once (FSDP's per-forward gathers would hang).
 
 What is sharded: every child module of the LightningModule that holds parameters (the networks it calls,
 e.g. ``.net``) is one FSDP root, and inside it each module of ``wrap_modules`` is a unit of its own (its
@@ -376,11 +380,11 @@ class FSDPStrategy(ModelParallelStrategy):
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if trainer is None or self.world_size == 1:
             return
-        mine = self._evaluation_batches(trainer)
-        counts = torch.tensor([float(sum(mine)), float(len(mine))], dtype=torch.float64, device=self.root_device)
+        mine = self._evaluation_batches(trainer)  # one count per loader; every rank has the same loaders
+        counts = torch.tensor([float(n) for n in mine], dtype=torch.float64, device=self.root_device)
         everyone = [torch.zeros_like(counts) for _ in range(self.world_size)]
         dist.all_gather(everyone, counts)
-        if all(torch.equal(c, everyone[0]) for c in everyone) and all(float(b) != float("inf") for b in mine):
+        if all(torch.equal(c, everyone[0]) for c in everyone) and torch.isfinite(counts).all():
             return
         units = fsdp_modules(self.lightning_module)
         for unit in units:
@@ -389,9 +393,13 @@ class FSDPStrategy(ModelParallelStrategy):
         self._gathered_for_evaluation = units
 
     def _reshard_after_evaluation(self) -> None:
+        roots = {id(child) for child in self.lightning_module.children()} if self.lightning_module else set()
         for unit in self._gathered_for_evaluation:
             unit.reshard()
-            unit.set_reshard_after_forward(RESHARD_AFTER_FORWARD[self.sharding], recurse=False)
+            # FSDP2's own choice back: a root keeps its parameters from forward to backward (they would be
+            # gathered again at once), the other units as the sharding says.
+            again = RESHARD_AFTER_FORWARD[self.sharding] and id(unit) not in roots
+            unit.set_reshard_after_forward(again, recurse=False)
         self._gathered_for_evaluation = []
 
     def on_validation_start(self) -> None:
