@@ -10,6 +10,10 @@ Importing this module imports nothing from Lightning (``project.export`` uses it
 2. The name of Fabric's module wrapper (``_FabricModule``, holding the module at ``_forward_module``),
    which ``project.export.unwrap`` sees through by class name, so that it never imports Lightning. (The
    Trainer wraps a LightningModule in DDP itself, which ``unwrap`` handles as plain torch.)
+3. The mesh sizes of ``ModelParallelStrategy`` (``_data_parallel_size``, ``_tensor_parallel_size``). Its
+   constructor takes them, but ``scenario: fsdp`` needs data parallel = the world size and tensor parallel = 1,
+   and the world size is known only once the launcher has set up the processes (``"auto"`` would mean
+   nodes x processes per node); :func:`set_mesh_sizes` sets them just before the strategy builds its mesh.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import Any
 WRAPPER_CLASS_NAMES = frozenset({"_FabricModule"})
 #: Where those wrappers keep the module they wrap.
 WRAPPER_ATTRIBUTE = "_forward_module"
+#: ModelParallelStrategy's mesh sizes, read by its ``setup_environment`` (checked by the test).
+MESH_SIZE_ATTRIBUTES = ("_data_parallel_size", "_tensor_parallel_size")
 #: The launcher class whose ``procs`` are the processes it started (checked by the test).
 SUBPROCESS_LAUNCHER = "lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher"
 
@@ -37,3 +43,9 @@ def stop_launched_processes(strategy: Any) -> None:
     launcher = getattr(strategy, "launcher", None)
     if launched_processes(strategy) and hasattr(launcher, "kill"):
         launcher.kill(signal.SIGKILL)
+
+
+def set_mesh_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:
+    """Give a ``ModelParallelStrategy`` its mesh sizes before its ``setup_environment`` builds the device mesh."""
+    for name, size in zip(MESH_SIZE_ATTRIBUTES, (data_parallel, tensor_parallel)):
+        setattr(strategy, name, size)

@@ -45,6 +45,7 @@ from torch import nn
 
 from project.checkpoints.sharded import is_sharded_checkpoint, load_sharded_into, save_sharded
 from project.errors import UserError
+from project.lightning_private import set_mesh_sizes
 
 if TYPE_CHECKING:
     import lightning as L
@@ -280,8 +281,7 @@ class FSDPStrategy(ModelParallelStrategy):
 
     def setup_environment(self) -> None:
         """One data-parallel dimension over all processes (no tensor parallelism); hybrid adds a 2-D mesh."""
-        self._data_parallel_size = self.num_nodes * self.num_processes
-        self._tensor_parallel_size = 1
+        set_mesh_sizes(self, self.num_nodes * self.num_processes, 1)
         super().setup_environment()
         if self.sharding == "hybrid":
             from torch.distributed.device_mesh import init_device_mesh
