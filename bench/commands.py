@@ -27,14 +27,17 @@ LABELS = {
 PER_STEP_CALLBACKS = ("TimedCheckpoint", "NonFiniteLossCallback")
 
 
+def digest(value: object) -> str:
+    """A short name for what ``value`` holds (JSON-serialisable): files named by it never go stale or collide."""
+    return hashlib.sha1(json.dumps(value, sort_keys=True).encode()).hexdigest()[:10]
+
+
 def prepare_data(workload: Workload, directory: Path) -> Path:
     """Write the template's own training split (its datamodule, same seed) for the raw and plain runs."""
     import importlib
 
     directory.mkdir(parents=True, exist_ok=True)
-    # Named by what it holds: a changed workload never reads a stale file.
-    digest = hashlib.sha1(json.dumps([workload.data_class, workload.data_args()]).encode()).hexdigest()[:10]
-    path = directory / f"{workload.name}-train-{digest}.pt"
+    path = directory / f"{workload.name}-train-{digest([workload.data_class, workload.data_args()])}.pt"
     if not path.exists():
         import torch
 
@@ -48,8 +51,9 @@ def prepare_data(workload: Workload, directory: Path) -> Path:
 
 def write_template_config(workload: Workload, directory: Path) -> Path:
     """The workload as a config file layered over its :attr:`~bench.workloads.Workload.base_config`."""
-    path = directory / f"{workload.name}.yaml"
-    path.write_text(yaml.safe_dump(workload.template_config(), sort_keys=False))
+    config = workload.template_config()
+    path = directory / f"{workload.name}-{digest(config)}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
 

@@ -195,9 +195,9 @@ def run_all(
     inputs = {}
     for base in sorted({row.workload.base_config for row in rows if "lean" in row.variants}):
         log(f"  --ablate leaves out of {base}: {'; '.join(write_lean_config(work, base)[1]) or 'nothing'}")
-    for row in rows:
-        if row.workload.name not in inputs:
-            inputs[row.workload.name] = (prepare_data(row.workload, work), write_template_config(row.workload, work))
+    for row in rows:  # rows of one workload share its data and config (e.g. the small MLP at 1 and 2 processes)
+        if row.workload not in inputs:
+            inputs[row.workload] = (prepare_data(row.workload, work), write_template_config(row.workload, work))
     results = [RowResult(row) for row in rows]
     latency = {name: LatencyResult(name) for name in latency_commands(quick)}
     load_before = os.getloadavg()
@@ -205,7 +205,7 @@ def run_all(
     for repeat in range(repeats):
         for i, result in enumerate(results):
             for variant in rotated(result.row.variants, repeat + i):
-                run = run_once(variant, result.row, repeat, inputs[result.row.workload.name], work, threads)
+                run = run_once(variant, result.row, repeat, inputs[result.row.workload], work, threads)
                 result.runs.append(run)
                 if run.record is None:
                     log(f"  [{repeat + 1}/{repeats}] {result.row.key:<14} {variant:<9} FAILED: {run.error}")

@@ -119,3 +119,13 @@ def test_the_hook_timer_times_each_callback_and_the_modules_logging_in_the_run(t
     assert written["hooks_us"]["Busy"] >= 2000  # the sleep, per measured step
     assert 0 < written["hooks_us"]["Logs: self.log"] < written["hooks_us"]["Busy"]
     assert written["dispatch_us"]["Busy"] > 0 and "HookTimer" not in written["dispatch_us"]
+
+
+def test_workloads_of_one_name_never_share_a_config_or_data_file(tmp_path):
+    from dataclasses import replace
+
+    from bench.commands import prepare_data, write_template_config
+
+    other = replace(QUICK_SMALL, steps=30, max_processes=4)  # as the small MLP's 4-process row
+    assert write_template_config(QUICK_SMALL, tmp_path) != write_template_config(other, tmp_path)
+    assert prepare_data(QUICK_SMALL, tmp_path) != prepare_data(other, tmp_path)
