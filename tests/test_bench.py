@@ -126,6 +126,6 @@ def test_workloads_of_one_name_never_share_a_config_or_data_file(tmp_path):
 
     from bench.commands import prepare_data, write_template_config
 
-    other = replace(QUICK_SMALL, steps=30, max_processes=4)  # as the small MLP's 4-process row
+    other = replace(QUICK_SMALL, max_processes=4)  # as the small MLP's 4-process row: more data
     assert write_template_config(QUICK_SMALL, tmp_path) != write_template_config(other, tmp_path)
     assert prepare_data(QUICK_SMALL, tmp_path) != prepare_data(other, tmp_path)
