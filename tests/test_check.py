@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 
 from test_launchers import TORCHRUN, finish, start_cli
@@ -11,6 +12,15 @@ from test_launchers import TORCHRUN, finish, start_cli
 from helpers import CPU_DDP, DIGITS, assert_clean_error, free_port, run_cli
 
 CHECK = ["check", "--config", DIGITS, "--steps", "5"]
+
+
+def run_drill(cwd, fault: str, *extra: str) -> tuple[subprocess.CompletedProcess[str], float | None]:
+    """Run a 2-process check with the fire drill ``fault``: its result and the seconds from the fault to the end
+    (``None`` if the rank was stopped before its fault: rank 0 named it first)."""
+    stamp = cwd / "fault.time"
+    env = {"PROJECT_CHECK_FAULT": fault, "PROJECT_CHECK_FAULT_STAMP": str(stamp)}
+    result = run_cli([*CHECK, "--config", CPU_DDP, "--out", "check.json", *extra], cwd, env=env)
+    return result, time.time() - float(stamp.read_text()) if stamp.is_file() else None
 
 
 def read_check(cwd) -> dict:
@@ -61,28 +71,25 @@ def test_check_on_two_simulated_nodes_with_torchrun_rendezvous(tmp_path):
 
 
 def test_a_rank_sending_a_wrong_value_is_named_with_its_host_and_device(tmp_path):
-    start = time.monotonic()
-    result = run_cli([*CHECK, "--config", CPU_DDP], tmp_path, env={"PROJECT_CHECK_FAULT": "1:value"})
-    assert time.monotonic() - start < 30  # the issue's bound: named within 30 s
+    result, seconds = run_drill(tmp_path, "1:value")
+    assert seconds is not None and seconds < 30  # the issue's bound, from the fault to the end of the run
     assert_clean_error(result, "error: check failed: rank 1 (host ", ", device cpu) sent a wrong value")
     report = read_check(tmp_path)
     assert not report["ok"] and report["values_ok"] is False and len(report["failures"]) == 1, report
 
 
 def test_a_rank_that_never_joins_is_named_within_the_join_timeout(tmp_path):
-    args = [*CHECK, "--config", CPU_DDP, "--join_timeout_s", "10"]
-    start = time.monotonic()
-    result = run_cli(args, tmp_path, env={"PROJECT_CHECK_FAULT": "1:exit"})
-    elapsed = time.monotonic() - start
+    result, seconds = run_drill(tmp_path, "1:exit", "--join_timeout_s", "20")
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     # Lightning's launcher sees its child end and stops the run ("[rank: 1] Child process ... terminated with
-    # code 3"), or rank 0's join times out first and names the missing rank: either way rank 1, never a hang.
+    # code 3"), or, on a machine so loaded that rank 1 is not even started after the join timeout, rank 0 names
+    # the missing rank: either way rank 1, never a hang.
     named = re.search(r"\[rank: 1\] Child process with PID \d+ terminated with code 3", output) or re.search(
-        r"error: rank 0: a collective did not complete within --join_timeout_s=10 s; rank 1 ", output
+        r"error: rank 0: a collective did not complete within --join_timeout_s=20 s; rank 1 ", output
     )
     assert named, output
-    assert elapsed < 30, elapsed
+    assert seconds is None or seconds < 30, seconds
     assert not (tmp_path / "check.json").exists()
 
 

@@ -20,6 +20,8 @@ from project.parallel.collectives import gather_objects, process_group_size
 #: The fire drill: ``PROJECT_CHECK_FAULT=RANK:exit`` makes that rank exit before it joins,
 #: ``RANK:value`` makes it send a wrong value; a way to see what a failure looks like.
 FAULT_ENV = "PROJECT_CHECK_FAULT"
+#: A file that receives the wall-clock time of the drill's fault, to measure how long naming it takes.
+FAULT_STAMP_ENV = "PROJECT_CHECK_FAULT_STAMP"
 #: Steps before the step time is measured (first-batch and allocation costs).
 WARMUP_STEPS = 3
 
@@ -32,7 +34,10 @@ def drill(kind: str) -> bool:
     """Whether the fire drill asks this process (by its launcher's rank variables) for fault ``kind``."""
     rank, _, wanted = os.environ.get(FAULT_ENV, "").partition(":")
     mine = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
-    return wanted == kind and rank == mine
+    fired = wanted == kind and rank == mine
+    if fired and os.environ.get(FAULT_STAMP_ENV):
+        Path(os.environ[FAULT_STAMP_ENV]).write_text(f"{time.time()}\n")
+    return fired
 
 
 class SelfCheckCallback(L.Callback):
