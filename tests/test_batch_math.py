@@ -62,6 +62,9 @@ def test_seeded_augmentation_is_the_same_at_any_world_size_and_number_of_workers
         (run,) = run_dirs(cwd)
         weights.append(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
     one, two, unaugmented = weights
+    # 106 AdamW steps from batches of 32 vs two shards of 16: float32 rounding grows to about 1.3e-6 on some
+    # CPUs (measured, the same before and after this test's code changed); a wrong augmentation moves weights
+    # by far more than 1e-5 (the unaugmented run below differs by over 1e-4).
     for key in one:
-        torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-6, msg=key)
+        torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-5, msg=key)
     assert not torch.allclose(one["net.layers.0.weight"], unaugmented["net.layers.0.weight"], atol=1e-4)
