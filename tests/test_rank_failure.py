@@ -23,7 +23,7 @@ MID_EPOCH_STEP = "13"
 # The bounds: the others end within 60 s of a kill, within timeout + 30 s of a stuck collective.
 AFTER_KILL_S = 60
 AFTER_TIMEOUT_S = 30
-TIMEOUT_S = 10
+TIMEOUT_S = 20  # also the join timeout: a loaded machine can take over 10 s to start rank 1
 LAUNCHERS = {
     "lightning": ("-m", "project"),
     "torchrun": ("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "{port}", "-m", "project"),
