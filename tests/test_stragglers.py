@@ -44,7 +44,8 @@ def test_a_slowed_rank_is_logged_and_named_once(tmp_path):
     high = [value for _, value in scalars["ranks/step_s_max"]]
     low = [value for _, value in scalars["ranks/step_s_min"]]
     # Rank 1's own time holds the 40 ms sleep; rank 0's does not (its wait is in the all-reduce, not measured).
-    assert all(h >= 0.04 for h in high) and all(lo < 0.04 for lo in low), (high, low)
+    # The first window is warm-up: its first step's interval starts after the sleep (the hook runs first).
+    assert all(h >= 0.04 and lo < h / 1.5 for h, lo in zip(high[1:], low[1:])), (high, low)
 
 
 def test_one_process_and_off_log_nothing(tmp_path):
