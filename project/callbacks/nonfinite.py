@@ -7,11 +7,13 @@ so agreeing costs no collective per step; only when a step is bad are the ranks'
 name the rank(s) it came from. That reads one number per step on the host (a sync on a GPU).
 
 With ``check_every_n_steps: N`` > 1 (``stop`` only) nothing is read per step: each rank keeps its losses
-on the device, and the ranks compare them every N optimizer steps (one all-gather of N numbers), before
-every checkpoint is written and at the end of training. Up to N - 1 non-finite updates may then be
-applied before the run stops, but no checkpoint ever holds them (the save itself stops the run), and
-the error still names the first bad step and its rank(s). Gradients that overflow from a finite loss
-show up in the next step's loss.
+on the device, and every N optimizer steps, before every checkpoint is written and at the end of
+training one process reads the sum of its losses, several processes the sum of the weights: DDP keeps
+the weights equal on every rank and a non-finite update makes them non-finite everywhere, so the ranks
+agree with no collective (sharded FSDP weights: one all-reduce of the shards' verdicts). Only when it
+is bad are the ranks' losses gathered, to name the first bad step and its rank(s). Up to N non-finite
+updates may be applied before the run stops, but no checkpoint ever holds them (the save itself stops
+the run).
 """
 
 from __future__ import annotations
@@ -64,6 +66,16 @@ def _all_finite(tensors: list[Tensor]) -> bool:
     return math.isfinite(torch.stack([tensor.sum(dtype=torch.float32) for tensor in tensors]).sum().item())
 
 
+def _weights_finite(trainer: L.Trainer) -> bool:
+    """Whether the module's parameters are finite: the same verdict on every rank, since DDP keeps them equal.
+
+    Sharded (FSDP) parameters differ per rank: each checks its shard and the verdicts are all-reduced.
+    """
+    params = [param.detach() for param in trainer.lightning_module.parameters()]
+    sharded = sharded_grads_finite(params)
+    return sharded if sharded is not None else _all_finite(params)
+
+
 def _gather(trainer: L.Trainer, tensor: Tensor) -> Tensor:
     """``tensor`` of every rank, stacked in rank order (``[world_size, *shape]``): one all-gather."""
     if trainer.world_size == 1:
@@ -86,8 +98,9 @@ class NonFiniteLossCallback(L.Callback):
             they were before the step) and go on; each skip is a warning and counts in
             ``train/skipped_steps``.
         check_every_n_steps: 1: check before every update (as above). N > 1: no host sync per step; the
-            ranks compare their losses every N steps and before every checkpoint, so up to N - 1
-            non-finite updates may be applied, never saved (``stop`` only: a skip must come before the update).
+            check runs every N steps and before every checkpoint (the losses of one process, the weights
+            of several), so up to N non-finite updates may be applied, never saved (``stop`` only: a skip
+            must come before the update).
     """
 
     def __init__(self, action: str = "stop", check_every_n_steps: int = 1) -> None:
@@ -185,13 +198,20 @@ class NonFiniteLossCallback(L.Callback):
 
     # ------------------------------------------------------------ check_every_n_steps > 1
     def _keep(self, trainer: L.Trainer) -> None:
-        """Add this step's loss to the window (no sync); compare the ranks' windows when it is full."""
+        """Add this step's loss to the window (no sync); check the window when it is full."""
         if self._loss is None:
             return
-        self._window.append((trainer.global_step, trainer.current_epoch, self._loss))
-        self._loss = None
+        entry, self._loss = (trainer.global_step, trainer.current_epoch, self._loss), None
+        when = f"at the check before the update of step {trainer.global_step}"
+        if trainer.world_size == 1:  # the losses decide, this step's included: its update can still be stopped
+            self._window.append(entry)
+            if len(self._window) >= self.check_every_n_steps:
+                self._check_window(trainer, when)
+            return
+        # Several processes: the weights decide, and they hold the window's updates but not yet this step's.
         if len(self._window) >= self.check_every_n_steps:
-            self._check_window(trainer, f"at the check before the update of step {trainer.global_step}")
+            self._check_window(trainer, when)
+        self._window.append(entry)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         """No checkpoint holds a non-finite update: compare the windows first (every rank dumps every checkpoint)."""
@@ -204,30 +224,40 @@ class NonFiniteLossCallback(L.Callback):
             self._check_window(trainer, "at the end of training")
 
     def _check_window(self, trainer: L.Trainer, when: str) -> None:
-        """One all-gather of every rank's window (the same verdict everywhere); stop at the first bad step."""
+        """Stop at the first bad step of the window, on every rank alike; a collective only when one is bad."""
         if not self._window:
             return
         window, self._window = self._window, []
+        if trainer.world_size == 1:
+            if math.isfinite(torch.stack([loss for _, _, loss in window]).sum().item()):  # 1 us; isfinite: 20
+                return
+        elif _weights_finite(trainer):  # the same on every rank: no collective
+            return
+        # Every rank got here alike: one all-gather of the windows names the step and the rank(s).
         losses = _gather(trainer, torch.stack([loss for _, _, loss in window])).cpu()
-        if math.isfinite(losses.sum().item()):  # the common case, read in 1 us (torch.isfinite takes 20)
-            return
         finite = torch.isfinite(losses)
-        if bool(finite.all()):  # finite losses whose sum overflowed
-            return
+        checkpoint = _latest_checkpoint(trainer)
+        kept = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written yet"
+        advice = "Lower the learning rate, clip gradients (trainer.gradient_clip_val) or check the data"
+        if bool(finite.all()):
+            if trainer.world_size == 1:
+                return  # finite losses whose sum overflowed
+            raise NonFiniteLossError(
+                f"the weights are not finite after step {trainer.global_step - 1} though every training loss since "
+                f"step {window[0][0]} was finite (the gradients overflowed); found {when} "
+                f"(check_every_n_steps={self.check_every_n_steps}), {kept}. {advice}"
+            )
         first = int((~finite).any(dim=0).nonzero()[0])
         step, epoch, _ = window[first]
         bad = [r for r in range(trainer.world_size) if not finite[r, first]]
         ranks = ", ".join(f"rank {r}: {losses[r, first].item()}" for r in bad)
-        checkpoint = _latest_checkpoint(trainer)
-        kept = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written yet"
         if step == trainer.global_step:
             applied = "stopped before applying that update"
-        else:  # the losses are compared every N steps: the updates since were applied, but no save holds them
+        else:  # checked every N steps: the updates since were applied, but no save holds them
             last = trainer.global_step - 1
             steps = f"step {step}" if last == step else f"steps {step} to {last}"
             applied = f"found {when} (check_every_n_steps={self.check_every_n_steps}); the updates of {steps} "
             applied += "were applied, never saved"
         raise NonFiniteLossError(
-            f"the training loss is not finite at step {step} (epoch {epoch}) ({ranks}); {applied}, {kept}. "
-            "Lower the learning rate, clip gradients (trainer.gradient_clip_val) or check the data"
+            f"the training loss is not finite at step {step} (epoch {epoch}) ({ranks}); {applied}, {kept}. {advice}"
         )
