@@ -84,7 +84,8 @@ def summarise(stacks: Path, variant: str) -> tuple[collections.Counter[str], col
     parts: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
     for line in stacks.read_text().splitlines():
-        if not line.strip():
+        # py-spy writes a line per stack; a process name with a newline in its command line splits one
+        if not line.strip() or not line.rsplit(" ", 1)[-1].isdigit():
             continue
         frames, count = _frames(line)
         frames = [re.sub(r":\d+\)$", ")", f) for f in frames]

@@ -23,6 +23,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.profilers import PassThroughProfiler
 
 from project.callbacks import LoaderGuaranteesCallback, StragglerCallback, template_callbacks
+from project.callbacks.dispatch import skip_idle_batch_hooks
 from project.check.command import add_check_arguments, check_trainer_kwargs
 from project.checkpoints.io import with_atomic_checkpoint_io
 from project.checkpoints.resume import Chosen, choose_checkpoint
@@ -254,4 +255,6 @@ class ProjectCLI(LightningCLI):
         if self.command == "check":  # the layout, the sampling and the model as configured; nothing written
             kept = [self.loaders] if self.loaders is not None else []
             kwargs.update(check_trainer_kwargs(self.config, [*kept, *compiled]))
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        skip_idle_batch_hooks(trainer.callbacks)  # Lightning's own defaults (summary, checkpoint) included
+        return trainer

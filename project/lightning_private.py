@@ -14,6 +14,10 @@ Importing this module imports nothing from Lightning (``project.export`` uses it
    constructor takes them, but ``scenario: fsdp`` needs data parallel = the world size and tensor parallel = 1,
    and the world size is known only once the launcher has set up the processes (``"auto"`` would mean
    nodes x processes per node); :func:`set_mesh_sizes` sets them just before the strategy builds its mesh.
+4. Not a name but a behaviour: the Trainer's callback dispatch calls a hook only when
+   ``callable(getattr(callback, hook))``. ``project.callbacks.dispatch.skip_idle_batch_hooks`` sets the
+   per-batch hooks a callback leaves empty to ``None`` so they cost nothing (there is no public way to
+   say "this callback has no per-batch hooks"); the test runs a fit that would raise if that changed.
 """
 
 from __future__ import annotations

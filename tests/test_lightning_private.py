@@ -57,3 +57,28 @@ def test_no_other_module_of_the_project_uses_a_private_lightning_name():
     ]
     assert offenders == []
     assert lightning_private.__doc__ and "public API" in lightning_private.__doc__
+
+
+def test_lightnings_dispatch_skips_a_hook_that_is_none_and_still_calls_overridden_ones():
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from project.callbacks.dispatch import BATCH_HOOKS, skip_idle_batch_hooks
+
+    class Counting(L.Callback):
+        def __init__(self) -> None:
+            self.ends = 0
+
+        def on_train_batch_end(self, *args: object) -> None:
+            self.ends += 1
+
+    idle, counting = L.Callback(), Counting()
+    assert skip_idle_batch_hooks([idle, counting]) == 2 * len(BATCH_HOOKS) - 1
+    assert all(getattr(idle, hook) is None for hook in BATCH_HOOKS)
+    assert counting.on_before_backward is None and callable(counting.on_train_batch_end)
+    trainer = L.Trainer(
+        max_steps=3, limit_val_batches=1, callbacks=[idle, counting], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    # Were Lightning to call a hook without testing callable(), the None hooks would raise TypeError here.
+    trainer.fit(BoringModel())
+    assert counting.ends == 3

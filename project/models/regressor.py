@@ -10,6 +10,7 @@ from torchmetrics import MeanAbsoluteError, MeanSquaredError
 
 from project.export import load_weights
 from project.models.hparams import save_config_hyperparameters
+from project.models.step_logging import log_on_logged_steps
 
 Batch = tuple[Tensor, Tensor]
 
@@ -39,17 +40,22 @@ class Regressor(L.LightningModule):
         self.val_mae = MeanAbsoluteError()
         self.test_mse = MeanSquaredError()
         self.test_mae = MeanAbsoluteError()
+        self._train_loss: Tensor | None = None  # the last training step's loss, for on_train_batch_end
 
     def forward(self, x: Tensor) -> Tensor:
         """Return one prediction per sample, shape ``[B]``."""
         return self.model(x).squeeze(-1)
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        """Mean squared error on one (per-device) batch, logged as ``train/loss``."""
+        """Mean squared error on one (per-device) batch; ``train/loss`` is logged in :meth:`on_train_batch_end`."""
         x, y = batch
         loss = nn.functional.mse_loss(self(x), y)
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        self._train_loss = loss.detach()
         return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Log ``train/loss`` on the steps whose metrics the Trainer writes (``self.log`` is not free)."""
+        log_on_logged_steps(self, "train/loss", self._train_loss, prog_bar=True)
 
     def _evaluate(self, batch: Batch, mse: MeanSquaredError, mae: MeanAbsoluteError, stage: str) -> None:
         x, y = batch
