@@ -15,6 +15,7 @@ import lightning as L
 import torch
 
 from bench.record import WARMUP_ENV, StepClock, weights_checksum, write_record
+from project.callbacks.dispatch import TRAIN_STEP_HOOKS
 
 
 class StepTimer(L.Callback):
@@ -50,14 +51,7 @@ class StepTimer(L.Callback):
 
 
 #: Hooks Lightning calls on every callback for every optimizer step (no accumulation).
-STEP_HOOKS = (
-    "on_train_batch_start",
-    "on_before_backward",
-    "on_after_backward",
-    "on_before_optimizer_step",
-    "on_before_zero_grad",
-    "on_train_batch_end",
-)
+STEP_HOOKS = TRAIN_STEP_HOOKS
 
 
 class HookTimer(StepTimer):

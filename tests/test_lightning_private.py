@@ -82,3 +82,13 @@ def test_lightnings_dispatch_skips_a_hook_that_is_none_and_still_calls_overridde
     # Were Lightning to call a hook without testing callable(), the None hooks would raise TypeError here.
     trainer.fit(BoringModel())
     assert counting.ends == 3
+
+
+def test_a_hook_the_callback_instance_holds_itself_is_not_skipped():
+    from project.callbacks.dispatch import skip_idle_batch_hooks
+
+    calls = []
+    callback = L.Callback()
+    callback.on_train_batch_end = lambda *args: calls.append(args)  # assigned on the instance, not the class
+    skip_idle_batch_hooks([callback])
+    assert callable(callback.on_train_batch_end) and callback.on_train_batch_start is None

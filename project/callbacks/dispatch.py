@@ -15,14 +15,18 @@ from collections.abc import Iterable
 
 from lightning import Callback
 
-#: The hooks Lightning calls once per batch (training, validation, test and predict loops).
-BATCH_HOOKS = (
+#: The hooks Lightning calls on every callback for every optimizer step (no accumulation).
+TRAIN_STEP_HOOKS = (
     "on_train_batch_start",
     "on_before_backward",
     "on_after_backward",
     "on_before_optimizer_step",
     "on_before_zero_grad",
     "on_train_batch_end",
+)
+#: The hooks Lightning calls once per batch (training, validation, test and predict loops).
+BATCH_HOOKS = (
+    *TRAIN_STEP_HOOKS,
     "on_validation_batch_start",
     "on_validation_batch_end",
     "on_test_batch_start",
@@ -35,13 +39,15 @@ BATCH_HOOKS = (
 def skip_idle_batch_hooks(callbacks: Iterable[Callback]) -> int:
     """Make Lightning skip each callback's per-batch hooks that are :class:`~lightning.Callback`'s empty defaults.
 
-    Returns how many hooks are skipped (per batch, summed over the callbacks). Relies on Lightning's
-    dispatch testing ``callable(hook)`` (``project.lightning_private`` item 4; its test fails if that changes).
+    Returns how many hooks are skipped (per batch, summed over the callbacks). A hook the instance itself
+    holds (assigned in its ``__init__``, say) is left alone. Relies on Lightning's dispatch testing
+    ``callable(hook)`` (``project.lightning_private`` item 4; its test fails if that changes).
     """
     skipped = 0
     for callback in callbacks:
         for hook in BATCH_HOOKS:
-            if getattr(type(callback), hook, None) is getattr(Callback, hook):
+            own = hook in vars(callback)
+            if not own and getattr(type(callback), hook, None) is getattr(Callback, hook):
                 setattr(callback, hook, None)
                 skipped += 1
     return skipped
