@@ -16,6 +16,7 @@ import lightning as L
 import torch
 
 from project.callbacks.loaders import LoaderGuaranteesCallback
+from project.models.step_logging import log_on_logged_steps
 
 
 class LearningRateCallback(L.Callback):
@@ -74,6 +75,4 @@ class LearningRateCallback(L.Callback):
             for group, lr in zip(optimizer.param_groups, scheduled):
                 group["lr"] = lr
             self._scheduled = None
-        every = trainer.log_every_n_steps
-        if self._used is not None and (not every or trainer.global_step % every == 0 or trainer.should_stop):
-            pl_module.log("train/lr", self._used, on_step=True, on_epoch=False)
+        log_on_logged_steps(pl_module, "train/lr", self._used)
