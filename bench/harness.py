@@ -49,6 +49,8 @@ class RowResult:
 
     row: Row
     runs: list[Run] = field(default_factory=list)
+    #: Runs that failed once and were run again (the report lists them; a second failure stays in ``runs``).
+    retried: list[Run] = field(default_factory=list)
 
     def of(self, variant: str) -> list[Run]:
         """The successful runs of ``variant``."""
@@ -65,6 +67,19 @@ class RowResult:
         if len(values) < 2:
             return None
         return (max(values) - min(values)) / statistics.median(values)
+
+    def ratios(self, variant: str, other: str, key: str = "steps_per_s") -> list[float]:
+        """``variant`` / ``other`` of each repeat where both ran: the two ran minutes apart at most, under the
+        same load, so a slow spell of this shared machine divides out of each pair (it does not out of a ratio
+        of two medians taken over different repeats)."""
+        mine = {r.repeat: r.record[key] for r in self.of(variant) if r.record is not None}
+        theirs = {r.repeat: r.record[key] for r in self.of(other) if r.record is not None}
+        return [mine[k] / theirs[k] for k in sorted(mine) if theirs.get(k)]
+
+    def ratio(self, variant: str, other: str, key: str = "steps_per_s") -> float | None:
+        """Median over the repeats of ``variant`` / ``other`` (see :meth:`ratios`); None if no repeat has both."""
+        pairs = self.ratios(variant, other, key)
+        return statistics.median(pairs) if pairs else None
 
     def equal_work(self) -> tuple[bool, str]:
         """Whether every run ended at the same loss and weights (the comparison is of equal work)."""
@@ -206,6 +221,10 @@ def run_all(
         for i, result in enumerate(results):
             for variant in rotated(result.row.variants, repeat + i):
                 run = run_once(variant, result.row, repeat, inputs[result.row.workload], work, threads)
+                if run.record is None:  # e.g. gloo's rare abort at exit: once more, and the report says so
+                    log(f"  [{repeat + 1}/{repeats}] {result.row.key:<14} {variant:<9} failed, once more: {run.error}")
+                    result.retried.append(run)
+                    run = run_once(variant, result.row, repeat, inputs[result.row.workload], work, threads)
                 result.runs.append(run)
                 if run.record is None:
                     log(f"  [{repeat + 1}/{repeats}] {result.row.key:<14} {variant:<9} FAILED: {run.error}")

@@ -5,8 +5,10 @@ Imports nothing but the standard library at module level, so the raw script's st
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,14 +20,19 @@ OUT_ENV = "BENCH_RECORD"
 WARMUP_ENV = "BENCH_WARMUP"
 
 
+#: Steps per throughput window: a multiple of the period of every per-step cost the template has by default (the
+#: non-finite check every 10 steps, logging and the straggler gather every 50), so every window holds its share.
+WINDOW_STEPS = 50
+
+
 class StepClock:
     """Timestamps of the end of every optimizer step, plus the wall time of the first one.
 
     Args:
-        warmup: Steps excluded from the throughput (the window runs from step ``warmup`` to the last).
+        warmup: Steps excluded from the throughput (the windows run from step ``warmup`` to the last).
         steps: Steps the run makes.
-        sync: Called before the two timestamps that bound the window (``torch.cuda.synchronize`` on a
-            GPU, so that queued kernels count where they ran); ``None`` on the CPU.
+        sync: Called before the timestamps that bound the windows (``torch.cuda.synchronize`` on a GPU, so
+            that queued kernels count where they ran); ``None`` on the CPU.
     """
 
     def __init__(self, warmup: int, steps: int, sync: Callable[[], Any] | None = None) -> None:
@@ -37,24 +44,45 @@ class StepClock:
 
     def tick(self) -> None:
         """Call once after each optimizer step."""
-        if self.sync is not None and len(self.times) in (self.warmup, self.steps - 1):
+        done = len(self.times)
+        if (
+            self.sync is not None
+            and done >= self.warmup
+            and ((done - self.warmup) % WINDOW_STEPS == 0 or done == self.steps - 1)
+        ):
             self.sync()
         self.times.append(time.perf_counter())
         if self.first_step_wall is None:
             self.first_step_wall = time.time()
 
-    def steps_per_s(self) -> float:
-        """Steps per second between the end of step ``warmup`` and the end of the last step."""
+    def _check(self) -> None:
         if len(self.times) <= self.warmup + 1:
             raise RuntimeError(f"only {len(self.times)} steps ran; need more than warmup={self.warmup} + 1")
+
+    def run_steps_per_s(self) -> float:
+        """Steps per second between the end of step ``warmup`` and the end of the last step."""
+        self._check()
         return (len(self.times) - 1 - self.warmup) / (self.times[-1] - self.times[self.warmup])
 
+    def steps_per_s(self) -> float:
+        """The median over consecutive windows of :data:`WINDOW_STEPS` steps after the warm-up of their steps/s.
+
+        A shared machine has slow spells of a few seconds (other tenants); the median of the windows keeps
+        one of them from deciding a run, and every per-step cost with a period up to the window's still
+        counts. With fewer steps than one window: :meth:`run_steps_per_s`.
+        """
+        self._check()
+        bounds = self.times[self.warmup :: WINDOW_STEPS]
+        rates = [WINDOW_STEPS / (b - a) for a, b in itertools.pairwise(bounds)]
+        return statistics.median(rates) if rates else self.run_steps_per_s()
+
     def record(self, loss: float, checksum: float, **extra: Any) -> dict[str, Any]:
-        """The run's record: steps, throughput, first-step wall time, final loss and weights checksum."""
+        """The run's record: steps, throughput (windows' median and whole run), first-step wall time, loss, checksum."""
         return {
             "steps": len(self.times),
             "warmup": self.warmup,
             "steps_per_s": self.steps_per_s(),
+            "run_steps_per_s": self.run_steps_per_s(),
             "first_step_wall": self.first_step_wall,
             "final_loss": loss,
             "checksum": checksum,

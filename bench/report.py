@@ -25,19 +25,27 @@ def _met(ok: bool | None) -> str:
     return "—" if ok is None else ("yes" if ok else "**no**")
 
 
+def _paired(result: RowResult, variant: str, other: str, spread: bool = False) -> str:
+    """``variant`` / ``other``: the median of the repeats' ratios, and with ``spread`` their range."""
+    pairs = result.ratios(variant, other)
+    if not pairs:
+        return "—"
+    text = f"{statistics.median(pairs):.2f}x"
+    return f"{text} ({min(pairs):.2f}-{max(pairs):.2f})" if spread and len(pairs) > 1 else text
+
+
 def targets_met(result: RowResult) -> tuple[str, bool | None]:
     """The row's targets as text (template / way >= ratio) and whether all were met (None: none, or unknown)."""
     targets = TARGETS.get(result.row.key, {})
     if not targets:
         return "—", None
-    tpl = result.median("template", "steps_per_s")
     met: bool | None = True
     for way, ratio in targets.items():
-        other = result.median(way, "steps_per_s")
-        if tpl is None or other is None:
+        found = result.ratio("template", way)
+        if found is None:
             met = None
             break
-        met = met and tpl / other >= ratio
+        met = met and found >= ratio
     return ", ".join(f"/ {way} >= {ratio:.2f}x" for way, ratio in targets.items()), met
 
 
@@ -45,7 +53,7 @@ def throughput_table(rows: list[RowResult]) -> list[str]:
     """Steps/s medians, the template's ratios to each way, its targets and the equal-work check."""
     lines = [
         "| workload, layout | raw steps/s | Lightning floor | plain Lightning | template | floor / raw | plain / raw "
-        "| template / raw | **template / floor** | **template / plain** | target | met | noise "
+        "| template / raw | **template / floor** (range) | **template / plain** (range) | target | met | noise "
         "| equal work: final loss |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | :-: | ---: | --- |",
     ]
@@ -56,10 +64,15 @@ def throughput_table(rows: list[RowResult]) -> list[str]:
         noise = f"{max(spreads) * 100:.0f}%" if spreads else "—"
         same, detail = result.equal_work()
         check = f"same: {detail}" if same else f"**NO**: {detail[:300]}"
+        if result.retried:
+            check += "; run again after a failure: " + ", ".join(
+                f"{run.variant} #{run.repeat + 1} ({run.error or ''}"[:160] + ")" for run in result.retried
+            )
         lines.append(
             f"| {result.row.title} | {_num(raw)} | {_num(floor)} | {_num(plain)} | {_num(tpl)} "
-            f"| {_ratio(floor, raw)} | {_ratio(plain, raw)} | {_ratio(tpl, raw)} | **{_ratio(tpl, floor)}** "
-            f"| **{_ratio(tpl, plain)}** | {target_text} | {_met(met)} | {noise} | {check} |"
+            f"| {_paired(result, 'floor', 'raw')} | {_paired(result, 'plain', 'raw')} "
+            f"| {_paired(result, 'template', 'raw')} | **{_paired(result, 'template', 'floor', True)}** "
+            f"| **{_paired(result, 'template', 'plain', True)}** | {target_text} | {_met(met)} | {noise} | {check} |"
         )
     return lines
 
@@ -193,7 +206,10 @@ def markdown(results: dict[str, Any], machine: dict[str, Any], gpu_note: str, qu
         f"after: {load_b[0]:.2f}/{load_b[1]:.2f}/{load_b[2]:.2f} on {cores} cores "
         "(above the core count means other work shared the machine and slowed every way alike)",
         "- Steps/s: median over repeats of (steps after warm-up) / (time from the end of the warm-up step to the "
-        "end of the last step). Noise: (max - min) / median over the repeats, worst of the ways.",
+        "end of the last step). Ratios between ways: the median over the repeats of each repeat's ratio (the ways "
+        "of a repeat run one after the other, so a slow spell of a shared machine divides out), with their range "
+        "for the template's. Noise: (max - min) / median of steps/s over the repeats, worst of the ways. A run "
+        "that failed is run once more, and the equal-work column says so.",
         "- Ways: *raw* is `bench/raw.py` (the seed's loop; torchrun for DDP); *Lightning floor* is `bench/plain.py "
         "--bare` (`Trainer(barebones=True)` without `self.log`: Lightning's loop alone; nothing on "
         "`Trainer.fit` can be faster); *plain Lightning* is `bench/plain.py`, Trainer defaults and one `self.log` "
@@ -290,6 +306,7 @@ def to_json(results: dict[str, Any], machine: dict[str, Any], gpu_note: str) -> 
                 "equal_work": same,
                 "equal_work_detail": detail,
                 "runs": [asdict(run) for run in result.runs],
+                "retried": [asdict(run) for run in result.retried],
             }
         )
     latency = [{"name": item.name, "walls": item.walls} for item in results["latency"]]
@@ -304,6 +321,7 @@ def from_json(text: str) -> tuple[dict[str, Any], dict[str, Any], str]:
         RowResult(
             Row(Workload(**row["workload"]), row["processes"], row["device"], tuple(row["variants"])),
             [Run(**run) for run in row["runs"]],
+            [Run(**run) for run in row.get("retried", [])],
         )
         for row in data["rows"]
     ]

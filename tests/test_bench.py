@@ -18,7 +18,7 @@ from helpers import REPO, cli_env
 sys.path.insert(0, str(REPO))  # `bench` is a folder of the repository, not an installed package
 from bench.commands import command, write_lean_config
 from bench.harness import RowResult, Run
-from bench.record import OUT_ENV
+from bench.record import OUT_ENV, WINDOW_STEPS, StepClock
 from bench.timing import HookTimer
 from bench.workloads import QUICK_REGRESSION, QUICK_SMALL, Row
 
@@ -70,6 +70,48 @@ def test_equal_work_check_tells_different_losses_and_failures_apart():
     failed = RowResult(Row(QUICK_SMALL, 1), [_run("raw", 0.5), Run("template", 0, 1.0, None, "exit 1: boom")])
     ok, detail = failed.equal_work()
     assert not ok and "boom" in detail
+
+
+def _clock(step_s: list[float], warmup: int) -> StepClock:
+    """A clock whose steps took ``step_s`` seconds each (stamped by hand: no sleeping)."""
+    clock = StepClock(warmup, len(step_s))
+    now = 0.0
+    for seconds in step_s:
+        now += seconds
+        clock.times.append(now)
+    return clock
+
+
+def test_windowed_rate_counts_periodic_costs_and_outlasts_a_slow_spell():
+    # 1 ms steps plus 5 ms every 10th step (the non-finite check's period): each of the 5 windows holds 5 of them.
+    steady = [0.001 + (0.005 if step % 10 == 9 else 0.0) for step in range(11 + 5 * WINDOW_STEPS)]
+    clock = _clock(steady, warmup=10)
+    per_window = WINDOW_STEPS * 0.001 + WINDOW_STEPS // 10 * 0.005
+    assert clock.steps_per_s() == pytest.approx(WINDOW_STEPS / per_window)
+    assert clock.run_steps_per_s() == pytest.approx(clock.steps_per_s())
+    # A 10x slower spell over one window moves the whole-run rate, not the windows' median.
+    spell = [s * 10 if 10 + WINDOW_STEPS <= i < 10 + 2 * WINDOW_STEPS else s for i, s in enumerate(steady)]
+    slowed = _clock(spell, warmup=10)
+    assert slowed.steps_per_s() == pytest.approx(clock.steps_per_s())
+    assert slowed.run_steps_per_s() < 0.7 * clock.run_steps_per_s()
+    # Fewer steps than one window: the whole run's rate.
+    short = _clock([0.002] * 20, warmup=5)
+    assert short.steps_per_s() == pytest.approx(500.0)
+
+
+def test_ratios_pair_the_runs_of_one_repeat():
+    def run(variant: str, repeat: int, rate: float) -> Run:
+        return Run(variant, repeat, 1.0, {"final_loss": 0.5, "checksum": 1.0, "steps_per_s": rate, "startup_s": 1.0})
+
+    # The machine was twice as fast in repeat 1; within each repeat the template is at 0.9x the floor.
+    result = RowResult(
+        Row(QUICK_SMALL, 1),
+        [run("floor", 0, 100.0), run("template", 0, 90.0), run("floor", 1, 200.0), run("template", 1, 180.0),
+         run("floor", 2, 110.0), run("template", 2, 99.0), Run("template", 3, 1.0, None, "exit 1")],
+    )  # fmt: skip
+    assert result.ratios("template", "floor") == pytest.approx([0.9, 0.9, 0.9])
+    assert result.ratio("template", "floor") == pytest.approx(0.9)
+    assert result.ratio("template", "raw") is None
 
 
 @pytest.mark.parametrize("base", ["configs/digits.yaml", "configs/diabetes.yaml"])
