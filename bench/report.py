@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.commands import LABELS, PER_STEP_CALLBACKS, VARIANTS
 from bench.harness import LatencyResult, RowResult, Run
+from bench.record import WINDOW_STEPS
 from bench.workloads import STARTUP_SLACK_S, TARGETS, Row, Workload
 
 
@@ -205,11 +206,13 @@ def markdown(results: dict[str, Any], machine: dict[str, Any], gpu_note: str, qu
         f"- Load average (1/5/15 min) before: {load_a[0]:.2f}/{load_a[1]:.2f}/{load_a[2]:.2f}, "
         f"after: {load_b[0]:.2f}/{load_b[1]:.2f}/{load_b[2]:.2f} on {cores} cores "
         "(above the core count means other work shared the machine and slowed every way alike)",
-        "- Steps/s: median over repeats of (steps after warm-up) / (time from the end of the warm-up step to the "
-        "end of the last step). Ratios between ways: the median over the repeats of each repeat's ratio (the ways "
-        "of a repeat run one after the other, so a slow spell of a shared machine divides out), with their range "
-        "for the template's. Noise: (max - min) / median of steps/s over the repeats, worst of the ways. A run "
-        "that failed is run once more, and the equal-work column says so.",
+        "- Steps/s: median over repeats of each run's steps/s, which is the median over its windows of "
+        f"{WINDOW_STEPS} steps after the warm-up steps ({WINDOW_STEPS} is a multiple of the period of every "
+        "per-step cost the template has by default, so each window pays its share). Ratios between ways: the "
+        "median over the repeats of each repeat's ratio (the ways of a repeat run one after the other, so a slow "
+        "spell of a shared machine divides out), with their range for the template's. Noise: (max - min) / "
+        "median of steps/s over the repeats, worst of the ways. A run that failed is run once more, and the "
+        "equal-work column says so.",
         "- Ways: *raw* is `bench/raw.py` (the seed's loop; torchrun for DDP); *Lightning floor* is `bench/plain.py "
         "--bare` (`Trainer(barebones=True)` without `self.log`: Lightning's loop alone; nothing on "
         "`Trainer.fit` can be faster); *plain Lightning* is `bench/plain.py`, Trainer defaults and one `self.log` "
