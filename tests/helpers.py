@@ -10,8 +10,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 # Re-exported: the tests read runs with the same function the notebooks use.
 from project.runs import read_scalars as read_scalars
@@ -21,6 +23,8 @@ CONFIGS = REPO / "configs"
 DIGITS = str(CONFIGS / "digits.yaml")
 CPU_DDP = str(CONFIGS / "parallel" / "cpu_ddp.yaml")
 FAST = str(REPO / "tests" / "configs" / "fast.yaml")
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -58,6 +62,17 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def two_at_a_time(*calls: Callable[[], T]) -> list[T]:
+    """Run independent calls (each running CLI commands) two at a time, in threads; their results in order.
+
+    A CLI command spends its first seconds importing on one core, so on 2 cores two side by side take
+    little longer than one. Only for calls that share no folder and assert no timing.
+    """
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result() for future in futures]
 
 
 def run_dirs(cwd: Path, name: str = "digits") -> list[Path]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ import torch
 
 from project.models.digits_net import DigitsNet
 
-from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, free_port, run_cli, run_dirs
+from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, free_port, run_cli, run_dirs, two_at_a_time
 
 # The upper bound of "within seconds": a CLI start is ~4 s; two run side by side on 2 cores.
 SECONDS = 30
@@ -205,9 +205,8 @@ def run_case(name: str, case: Case, template: Path, root: Path) -> dict:
 def outcomes(finished_run, tmp_path_factory) -> dict[str, dict]:
     """All cases, two at a time."""
     root = tmp_path_factory.mktemp("cases")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_case, name, case, finished_run, root) for name, case in CASES.items()}
-        return {name: future.result() for name, future in futures.items()}
+    calls = [partial(run_case, name, case, finished_run, root) for name, case in CASES.items()]
+    return dict(zip(CASES, two_at_a_time(*calls), strict=True))
 
 
 # The first case's test pays for the module's fixture: every case, two at a time (a few minutes on 2 cores).

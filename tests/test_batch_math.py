@@ -4,11 +4,12 @@ augmentation that is the same at any world size and number of loader workers."""
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 import torch
 
-from helpers import CPU_DDP, DIGITS, FAST, read_plan, read_scalars, run_cli, run_dirs
+from helpers import CPU_DDP, DIGITS, FAST, read_plan, read_scalars, run_cli, run_dirs, two_at_a_time
 
 
 def test_the_learning_rate_is_scaled_warmed_up_and_logged(tmp_path):
@@ -49,17 +50,23 @@ def test_seeded_augmentation_is_the_same_at_any_world_size_and_number_of_workers
     common += ["--model.init_args.net.init_args.dropout", "0", "--model.init_args.net.init_args.batch_norm", "false"]
     common += ["--trainer.max_epochs", "2", "--test_after_fit", "false", "--trainer.limit_val_batches", "1"]
     plain = ["--data.class_path", "user_code.PlainDigits"]  # the same data, not augmented
+    runs = {
+        "one": ([], ["--data.init_args.workers", "0"]),
+        "two": (["--config", CPU_DDP], ["--data.init_args.workers", "1"]),
+        "unaugmented": ([], plain),
+    }
+    for name in runs:
+        (tmp_path / name).mkdir()
+    results = two_at_a_time(
+        *(
+            partial(run_cli, ["fit", "--config", DIGITS, *layout, "--config", FAST, *common, *data], tmp_path / name)
+            for name, (layout, data) in runs.items()
+        )
+    )
     weights = []
-    for name, layout, data in (
-        ("one", [], ["--data.init_args.workers", "0"]),
-        ("two", ["--config", CPU_DDP], ["--data.init_args.workers", "1"]),
-        ("unaugmented", [], plain),
-    ):
-        cwd = tmp_path / name
-        cwd.mkdir()
-        result = run_cli(["fit", "--config", DIGITS, *layout, "--config", FAST, *common, *data], cwd)
+    for name, result in zip(runs, results, strict=True):
         assert result.returncode == 0, result.stderr[-3000:]
-        (run,) = run_dirs(cwd)
+        (run,) = run_dirs(tmp_path / name)
         weights.append(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
     one, two, unaugmented = weights
     # 106 AdamW steps from batches of 32 vs two shards of 16: float32 rounding grows to about 1.3e-6 on some

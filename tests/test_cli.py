@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 import torch
 
 from project.data.arrays import load_digits_tensors, seeded_split, split_sizes
 
-from helpers import CONFIGS, DIGITS, FAST, assert_clean_error, read_plan, read_scalars, run_cli, run_dirs
+from helpers import CONFIGS, DIGITS, FAST, assert_clean_error, read_plan, read_scalars, run_cli, run_dirs, two_at_a_time
 
 
 def test_help_lists_the_subcommands(tmp_path):
@@ -114,13 +115,16 @@ def plan_json(tmp_path, *args: str) -> dict:
 
 def test_plan_for_the_seed_scenarios_on_8_gpus(tmp_path):
     parallel = CONFIGS / "parallel"
-    dp_all = plan_json(tmp_path, "--config", str(parallel / "dp_all.yaml"))
+    dp_16 = ["--config", str(parallel / "dp_012.yaml"), "--parallel.global_batch_size", "16"]
+    dp_all, dp_012, ddp, bad = two_at_a_time(
+        *(
+            partial(plan_json, tmp_path, "--config", str(parallel / f"{name}.yaml"))
+            for name in ("dp_all", "dp_012", "ddp")
+        ),
+        partial(run_cli, ["plan", "--config", DIGITS, *dp_16, "--assume_gpus", "8", "--json"], tmp_path),
+    )
     assert dp_all["world_size"] == 8 and dp_all["devices"] == list(range(8))
-    dp_012 = plan_json(tmp_path, "--config", str(parallel / "dp_012.yaml"))
     assert dp_012["devices"] == [0, 1, 2] and dp_012["world_size"] == 3
     assert dp_012["per_device_batch_size"] == dp_012["global_batch_size"] // 3
-    ddp = plan_json(tmp_path, "--config", str(parallel / "ddp.yaml"))
     assert ddp["strategy"]["name"] == "ddp" and ddp["strategy"]["broadcast_buffers"] is False
-    dp_16 = ["--config", str(parallel / "dp_012.yaml"), "--parallel.global_batch_size", "16"]
-    bad = run_cli(["plan", "--config", DIGITS, *dp_16, "--assume_gpus", "8", "--json"], tmp_path)
     assert_clean_error(bad, "16", "15 or 18")

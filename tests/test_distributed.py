@@ -6,12 +6,25 @@ import json
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, REPO, cli_env, read_plan, read_scalars, run_cli, run_dirs
+from helpers import (
+    CONFIGS,
+    CPU_DDP,
+    DIGITS,
+    FAST,
+    REPO,
+    cli_env,
+    read_plan,
+    read_scalars,
+    run_cli,
+    run_dirs,
+    two_at_a_time,
+)
 
 pytestmark = pytest.mark.distributed
 FORK = str(CONFIGS / "parallel" / "fork.yaml")  # docs/adding-a-scenario.md
@@ -149,13 +162,18 @@ def test_accumulation_reaches_the_weights_of_the_whole_global_batch(tmp_path):
         "accumulated": ([], per_device_16),
         "two-accumulated": (["--config", CPU_DDP], [*per_device_16, f"--trainer.callbacks+={recorder}"]),
     }
+    for name in layouts:
+        (tmp_path / name).mkdir()
+    results = two_at_a_time(
+        *(
+            partial(run_cli, [*common[:3], *layout, *common[3:], *overrides], tmp_path / name)
+            for name, (layout, overrides) in layouts.items()
+        )
+    )
     weights, plans = {}, {}
-    for name, (layout, overrides) in layouts.items():
-        cwd = tmp_path / name
-        cwd.mkdir()
-        result = run_cli([*common[:3], *layout, *common[3:], *overrides], cwd)
+    for name, result in zip(layouts, results, strict=True):
         assert result.returncode == 0, result.stderr[-3000:]
-        (run,) = run_dirs(cwd)
+        (run,) = run_dirs(tmp_path / name)
         plans[name] = read_plan(run)
         checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
         weights[name] = (checkpoint["global_step"], checkpoint["state_dict"])

@@ -7,6 +7,7 @@ Covers both ways a file comes in through the CLI: ``--ckpt_path`` and ``--model.
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from project.export import export_network, rebuild
 from project.models.digits_net import DigitsNet
 
 from faults import PickledExtra
-from helpers import DIGITS, FAST, read_scalars, run_cli, run_dirs
+from helpers import DIGITS, FAST, read_scalars, run_cli, run_dirs, two_at_a_time
 
 TEST = ["test", "--config", DIGITS, "--config", FAST]
 OPT_IN = {"PROJECT_ALLOW_PICKLE": "1"}
@@ -63,13 +64,17 @@ def test_a_checkpoint_that_runs_code_is_refused_and_the_code_never_runs(tmp_path
 def test_a_pickled_custom_class_is_refused_unless_trusted(tmp_path, flag):
     path = tmp_path / "custom.ckpt"
     torch.save(checkpoint_with(PickledExtra()), path)
-    refused = run_cli([*TEST, flag, str(path)], tmp_path)
+    (tmp_path / "refused").mkdir()
+    (tmp_path / "trusted").mkdir()
+    refused, trusted = two_at_a_time(
+        partial(run_cli, [*TEST, flag, str(path)], tmp_path / "refused"),
+        partial(run_cli, [*TEST, flag, str(path)], tmp_path / "trusted", env=OPT_IN),
+    )
     assert_refused(refused, path, "faults.PickledExtra")
-    assert not (tmp_path / "logs").exists()
+    assert not (tmp_path / "refused" / "logs").exists()
 
-    trusted = run_cli([*TEST, flag, str(path)], tmp_path, env=OPT_IN)
     assert trusted.returncode == 0, trusted.stderr[-3000:]
-    (run,) = run_dirs(tmp_path)
+    (run,) = run_dirs(tmp_path / "trusted")
     assert "test/acc" in read_scalars(run)
 
 

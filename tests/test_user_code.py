@@ -9,11 +9,22 @@ what it leaves behind.
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 import torch
 
-from helpers import CPU_DDP, DIGITS, FAST, assert_clean_error, read_plan, read_scalars, run_cli, run_dirs
+from helpers import (
+    CPU_DDP,
+    DIGITS,
+    FAST,
+    assert_clean_error,
+    read_plan,
+    read_scalars,
+    run_cli,
+    run_dirs,
+    two_at_a_time,
+)
 
 PLAIN = ["--data.class_path", "user_code.PlainDigits", "--data.init_args.bs", "16"]
 NO_COUPLING = ["--model.init_args.net.init_args.dropout", "0", "--model.init_args.net.init_args.batch_norm", "false"]
@@ -30,6 +41,7 @@ def fit(cwd, *args: str, layout: tuple[str, ...] = ()) -> tuple:
 
 def evaluate(cwd, command: str, checkpoint, *layout: str):
     """Run ``validate``/``test``/``predict`` of ``checkpoint`` with the plain datamodule; its run directory."""
+    cwd.mkdir(exist_ok=True)
     before = set(run_dirs(cwd))
     args = [
         command,
@@ -53,10 +65,14 @@ def evaluate(cwd, command: str, checkpoint, *layout: str):
 def plain_runs(tmp_path_factory) -> dict:
     """The same global batch (32) on 1 and 2 processes, from the plain datamodule whose loader says 16."""
     root = tmp_path_factory.mktemp("plain")
-    runs = {}
-    for name, layout in (("one", ()), ("two", ("--config", CPU_DDP))):
-        runs[name], _ = fit(root / name, *NO_COUPLING, *SHORT, "--parallel.global_batch_size", "32", layout=layout)
-    return runs
+    layouts = {"one": (), "two": ("--config", CPU_DDP)}
+    runs = two_at_a_time(
+        *(
+            partial(fit, root / name, *NO_COUPLING, *SHORT, "--parallel.global_batch_size", "32", layout=layout)
+            for name, layout in layouts.items()
+        )
+    )
+    return {name: run for name, (run, _) in zip(layouts, runs, strict=True)}
 
 
 @pytest.mark.distributed
@@ -80,11 +96,12 @@ def test_plain_datamodule_gets_the_global_batch_and_world_size_invariant_weights
 def test_plain_datamodule_evaluates_each_sample_once_and_predicts_in_dataset_order(plain_runs, tmp_path):
     last = plain_runs["one"] / "checkpoints" / "last.ckpt"
     metrics, predictions = [], []
-    for layout in ((), ("--config", CPU_DDP)):
-        run = evaluate(tmp_path, "test", last, *layout)
-        metrics.append({tag: values[-1][1] for tag, values in read_scalars(run).items() if tag.startswith("test/")})
-        run = evaluate(tmp_path, "predict", last, *layout)
-        predictions.append((run / "predictions.csv").read_text())
+    for i, layout in enumerate(((), ("--config", CPU_DDP))):
+        tested, predicted = two_at_a_time(
+            *(partial(evaluate, tmp_path / f"{command}-{i}", command, last, *layout) for command in ("test", "predict"))
+        )
+        metrics.append({tag: values[-1][1] for tag, values in read_scalars(tested).items() if tag.startswith("test/")})
+        predictions.append((predicted / "predictions.csv").read_text())
     assert metrics[1] == pytest.approx(metrics[0], abs=1e-6)
     # 45 test samples over 2 processes: 23 + 22, none twice; the same rows, in dataset order.
     assert predictions[1] == predictions[0]
