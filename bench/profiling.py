@@ -144,20 +144,19 @@ def report(results: dict[str, tuple[dict, collections.Counter[str], collections.
         "",
         "part".ljust(width) + "".join(f"{LABELS[v]:>22}" for v in variants),
     ]
+    # The samples cover the whole loop, so their shares convert to time with the whole run's rate (not the
+    # median of its windows, which the throughput table uses).
+    rate = {v: results[v][0].get("run_steps_per_s", results[v][0]["steps_per_s"]) for v in variants}
     for name in names:
         cells = []
         for v in variants:
-            record, parts, _ = results[v]
+            _, parts, _ = results[v]
             total = sum(parts.values())
             share = parts.get(name, 0) / total if total else 0.0
-            cells.append(f"{share * 1e6 / record['steps_per_s']:9.0f} us ({share * 100:4.1f}%)")
+            cells.append(f"{share * 1e6 / rate[v]:9.0f} us ({share * 100:4.1f}%)")
         lines.append(name.ljust(width) + "".join(f"{c:>22}" for c in cells))
-    lines.append(
-        "step time".ljust(width) + "".join(f"{1e6 / results[v][0]['steps_per_s']:9.0f} us {'':>8}" for v in variants)
-    )
-    lines.append(
-        "steps/s (under py-spy)".ljust(width) + "".join(f"{results[v][0]['steps_per_s']:>17.0f}     " for v in variants)
-    )
+    lines.append("step time".ljust(width) + "".join(f"{1e6 / rate[v]:9.0f} us {'':>8}" for v in variants))
+    lines.append("steps/s (under py-spy)".ljust(width) + "".join(f"{rate[v]:>17.0f}     " for v in variants))
     for v in ("template", "plain"):
         if v not in results:
             continue
