@@ -114,6 +114,32 @@ def test_ratios_pair_the_runs_of_one_repeat():
     assert result.ratio("template", "raw") is None
 
 
+def test_a_failed_run_is_run_once_more_and_the_table_says_so(tmp_path, monkeypatch):
+    # Only the harness's own bookkeeping: which run is kept, which is listed (the runs are stand-ins).
+    import bench.harness as harness
+    from bench.report import throughput_table
+
+    calls: list[tuple[str, int]] = []
+
+    def run_once(variant, row, repeat, inputs, work, threads):
+        calls.append((variant, repeat))
+        if variant == "raw" and calls.count(("raw", repeat)) == 1 and repeat == 0:
+            return Run(variant, repeat, 1.0, None, "exit -6: terminate called without an active exception")
+        record = {"final_loss": 0.5, "checksum": 1.0, "steps_per_s": 100.0, "startup_s": 1.0}
+        return Run(variant, repeat, 1.0, record)
+
+    monkeypatch.setattr(harness, "run_once", run_once)
+    monkeypatch.setattr(harness, "prepare_data", lambda workload, work: work / "data.pt")
+    monkeypatch.setattr(harness, "write_template_config", lambda workload, work: work / "config.yaml")
+    monkeypatch.setattr(harness, "latency_commands", lambda quick: {})
+    found = harness.run_all([Row(QUICK_SMALL, 1)], repeats=2, work=tmp_path, log=lambda line: None)
+    (result,) = found["rows"]
+    assert calls.count(("raw", 0)) == 2 and calls.count(("raw", 1)) == 1
+    assert [run.error for run in result.retried] == ["exit -6: terminate called without an active exception"]
+    assert all(run.record is not None for run in result.runs) and result.equal_work()[0]
+    assert "run again after a failure: raw #1" in throughput_table([result])[-1]
+
+
 @pytest.mark.parametrize("base", ["configs/digits.yaml", "configs/diabetes.yaml"])
 def test_ablation_config_drops_only_the_callbacks_that_act_on_every_step(tmp_path, base):
     path, dropped = write_lean_config(tmp_path, base)
