@@ -28,11 +28,10 @@ def _met(ok: bool | None) -> str:
 
 def _paired(result: RowResult, variant: str, other: str, spread: bool = False) -> str:
     """``variant`` / ``other``: the median of the repeats' ratios, and with ``spread`` their range."""
-    pairs = result.ratios(variant, other)
-    if not pairs:
+    ratio, pairs = result.ratio(variant, other), result.ratios(variant, other)
+    if ratio is None:
         return "—"
-    text = f"{statistics.median(pairs):.2f}x"
-    return f"{text} ({min(pairs):.2f}-{max(pairs):.2f})" if spread and len(pairs) > 1 else text
+    return f"{ratio:.2f}x ({min(pairs):.2f}-{max(pairs):.2f})" if spread and len(pairs) > 1 else f"{ratio:.2f}x"
 
 
 def targets_met(result: RowResult) -> tuple[str, bool | None]:
@@ -252,17 +251,17 @@ def plot(results: dict[str, Any], path: Path) -> None:
     width = 0.2
     for k, variant in enumerate(VARIANTS):
         values = []
-        for result in rows:
-            raw, own = result.median("raw", "steps_per_s"), result.median(variant, "steps_per_s")
-            values.append(0.0 if raw is None or own is None else own / raw)
+        for result in rows:  # the table's ratios: each repeat's, their median
+            values.append(result.ratio(variant, "raw") or 0.0)
         xs = [i + (k - 1.5) * width for i in range(len(rows))]
         left.bar(xs, values, width, label=LABELS[variant], color=colors[variant])
     for i, result in enumerate(rows):
-        floor, raw = result.median("floor", "steps_per_s"), result.median("raw", "steps_per_s")
+        floor = result.ratio("floor", "raw")
         target = TARGETS.get(result.row.key, {}).get("floor")
-        if target and floor and raw:
-            left.hlines(target * floor / raw, i - 2 * width, i + 2 * width, colors="black", linestyles="dashed")
-    left.set_xticks(range(len(rows)), [r.row.title.replace(", ", "\n", 1) for r in rows], fontsize=7)
+        if target and floor:
+            left.hlines(target * floor, i - 2 * width, i + 2 * width, colors="black", linestyles="dashed")
+    # Short labels (the titles overlap); the table names each row in full.
+    left.set_xticks(range(len(rows)), [f"{r.row.workload.name}, {r.row.processes}p" for r in rows], fontsize=8)
     left.set_ylabel("steps/s relative to raw PyTorch (dashed: 0.95 x floor)")
     left.set_title("Throughput (higher is better)")
     left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(VARIANTS))

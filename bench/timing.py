@@ -50,10 +50,6 @@ class StepTimer(L.Callback):
             write_record(record)
 
 
-#: Hooks Lightning calls on every callback for every optimizer step (no accumulation).
-STEP_HOOKS = TRAIN_STEP_HOOKS
-
-
 class HookTimer(StepTimer):
     """:class:`StepTimer` that also times, per step, each callback's per-step hooks and Lightning's call around them.
 
@@ -76,7 +72,7 @@ class HookTimer(StepTimer):
         for callback in trainer.callbacks:
             if isinstance(callback, StepTimer):
                 continue
-            for hook in STEP_HOOKS:
+            for hook in TRAIN_STEP_HOOKS:
                 if getattr(type(callback), hook) is not getattr(L.Callback, hook):
                     self._wrap(callback, hook, type(callback).__name__)
         module = type(pl_module).__name__
@@ -109,7 +105,7 @@ class HookTimer(StepTimer):
             return
         steps = max(1, len(self.clock.times) - self.clock.warmup)
         dispatch = {
-            type(c).__name__: sum(dispatch_us(trainer, c, hook) for hook in STEP_HOOKS)
+            type(c).__name__: sum(dispatch_us(trainer, c, hook) for hook in TRAIN_STEP_HOOKS)
             for c in trainer.callbacks
             if not isinstance(c, StepTimer)
         }
