@@ -33,6 +33,7 @@ from project.parallel.compile import CompileAfterWrap
 from project.parallel.config import Hardware, ParallelConfig
 from project.parallel.environment import detect_environment
 from project.parallel.plan import Plan, resolve_plan
+from project.runs import run_of_config
 
 # Trainer settings that the plan decides when `parallel` is given.
 PLAN_OWNED_TRAINER_KEYS = (
@@ -75,7 +76,20 @@ class SaveUserConfig(SaveConfigCallback):
         for key in RUN_OPTIONS:
             if key in config:
                 del config[key]
+        unpin_versions(config.get("trainer") or Namespace())
         super().__init__(parser, config, **kwargs)
+
+
+def unpin_versions(trainer: Namespace) -> None:
+    """Drop the loggers' ``version`` from a config to be saved: a run's config starts a new run, never this one.
+
+    ``--resume auto`` points the logger at the resumed run's version; saved as such, ``fit --config
+    <run>/config.yaml`` would train again inside the old run and ``test`` would overwrite its files.
+    """
+    for logger in _listed(trainer.get("logger")):
+        init_args = logger.get("init_args") if isinstance(logger, Namespace) else None
+        if isinstance(init_args, Namespace) and init_args.get("version") is not None:
+            init_args.version = None
 
 
 def wants_template_progress_bar(trainer_config: dict[str, Any]) -> bool:
@@ -161,7 +175,8 @@ class ProjectCLI(LightningCLI):
         """Choose the checkpoint and resolve the layout, before anything is built."""
         config = self.config
         if self.command not in ("plan", "check"):
-            self.chosen = choose_checkpoint(self.command, config.ckpt_path, config.get("resume"), config.trainer)
+            run = run_of_config(config.get("config") or [])
+            self.chosen = choose_checkpoint(self.command, config.ckpt_path, config.get("resume"), config.trainer, run)
         parallel = config.get("parallel")
         if parallel is None and self.command != "plan":
             return

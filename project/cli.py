@@ -4,8 +4,9 @@
 2. Build (:class:`project.build.ProjectCLI`): parse the config, choose the checkpoint, resolve the layout
    (the ``parallel`` section), build the model, the datamodule and the Trainer.
 3. Check what can be checked before any process starts: weights to evaluate, a checkpoint that fits.
-4. Run the command (``fit`` then tests the best checkpoint); a failed rank is named, the started ranks are
-   stopped, and a run directory made by a run that was refused is removed.
+4. Run the command (``fit`` then tests the best checkpoint, when the module has a ``test_step`` and test data);
+   a failed rank is named, the started ranks are stopped, and a run directory made by a run that was refused
+   before its first optimizer step is removed (after it, every file is kept).
 5. Say where the run went; leave the process group together.
 
 Bad input is one line on stderr and exit code 2 (:mod:`project.errors`).
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import lightning as L
 import torch.distributed as dist
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from project.build import ProjectCLI
 from project.checkpoints.diff import diff_state_dicts
@@ -35,7 +37,7 @@ from project.parallel.environment import LEGACY_FLAG_ENV, strip_legacy_local_ran
 from project.parallel.failures import error_from_worker, explain_rank_failure
 from project.parallel.ray_job import run_on_ray, submits_to_ray
 from project.plan_command import print_plan
-from project.runs import run_directory
+from project.runs import reserve_run_directory, run_directory
 
 COMMANDS = {
     "fit": "train, validate, then test the best checkpoint",
@@ -154,6 +156,8 @@ class RunDirectoryGuard:
     Lightning creates the logger's run directory (and an event file) before any callback's ``setup``, so a
     refusal inside the Trainer (a global batch that cannot work, a monitor the sanity check does not see)
     comes after it: :meth:`undo` removes what the refused run added and gives the folders their times back.
+    A new run's folder is created here, atomically (:func:`project.runs.reserve_run_directory`), so that two
+    runs started at once never share one.
     """
 
     run_dir: Path | None
@@ -161,17 +165,36 @@ class RunDirectoryGuard:
     times: tuple[tuple[Path, tuple[int, int]], ...] = ()
 
     @classmethod
-    def of(cls, trainer: L.Trainer) -> RunDirectoryGuard:
-        """The state of ``trainer``'s run directory (``logs/<name>/version_<n>``) and its parents."""
-        log_dir = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
-        if not log_dir:
+    def of(cls, trainer: L.Trainer, continuing: bool) -> RunDirectoryGuard:
+        """Reserve ``trainer``'s run directory (``logs/<name>/version_<n>``, rank 0) and note what existed.
+
+        Args:
+            trainer: The built Trainer; its first logger names the run directory.
+            continuing: The command continues a run (``fit`` from a checkpoint of it): its folder may hold files.
+
+        Raises:
+            UserError: a run that does not continue would write into a folder that already holds a run.
+        """
+        logger = trainer.logger
+        if logger is None or not getattr(logger, "log_dir", None):
             return cls(None)
-        run_dir = Path(log_dir)
-        chain = (run_dir, run_dir.parent, run_dir.parent.parent)
-        existed = {folder for folder in chain if folder.exists()}
-        if run_dir.exists():  # a resumed run's: keep everything that was there
-            existed |= set(run_dir.rglob("*"))
-        return cls(run_dir, frozenset(existed), tuple((f, _times(f)) for f in chain if f in existed))
+        root = Path(getattr(logger, "root_dir", None) or Path(logger.log_dir).parent)
+        parents = (root, root.parent)
+        existed = {folder for folder in parents if folder.exists()}
+        times = tuple((f, _times(f)) for f in parents if f in existed)
+        reserved = reserve_run_directory(logger) if trainer.is_global_zero else None
+        run_dir = reserved or Path(logger.log_dir)
+        if reserved is None and run_dir.exists():  # a resumed run's (or a pinned version's): keep what is there
+            held = sorted(p.relative_to(run_dir) for p in run_dir.iterdir())
+            if held and not continuing:
+                raise UserError(
+                    f"the run directory {run_dir} already holds a run ({', '.join(map(str, held[:3]))}); a new run "
+                    "never writes into it: drop the logger's `version` to start the next version, or continue "
+                    "that run with `fit --resume auto`"
+                )
+            existed |= {run_dir, *run_dir.rglob("*")}
+            times = (*times, (run_dir, _times(run_dir)))
+        return cls(run_dir, frozenset(existed), times)
 
     def undo(self) -> None:
         """Remove what the run added, deepest first, and restore the folders' times: as if it never started."""
@@ -192,19 +215,46 @@ class RunDirectoryGuard:
                 os.utime(folder, ns=times)
 
 
+def has_test_to_run(model: L.LightningModule, data: L.LightningDataModule | None) -> str | None:
+    """Why ``fit`` cannot test after training (no ``test_step``, no test data); ``None`` when it can."""
+    if not is_overridden("test_step", model):
+        return f"{type(model).__name__} has no test_step"
+    if not (is_overridden("test_dataloader", data) if data is not None else False) and not is_overridden(
+        "test_dataloader", model
+    ):
+        return f"{type(data or model).__name__} has no test_dataloader"
+    return None
+
+
+def _test_after_fit(cli: ProjectCLI) -> None:
+    """Test the best checkpoint (the last weights when there is none), unless there is nothing to test."""
+    trainer, model, data = cli.trainer, cli.model, cli.datamodule
+    missing = has_test_to_run(model, data)
+    if missing is not None:
+        if trainer.is_global_zero:
+            print(f"No test after fit: {missing} (--test_after_fit false says so quietly)", flush=True)
+        return
+    best = getattr(trainer.checkpoint_callback, "best_model_path", "")
+    trainer.test(model, datamodule=data, ckpt_path="best" if best else None)
+
+
 def run_command(command: str, cli: ProjectCLI) -> None:
-    """Run ``command`` on the built objects; on failure name the rank, stop the others, clean up a refused run."""
+    """Run ``command`` on the built objects; on failure name the rank, stop the others, clean up a refused run.
+
+    Cleanup happens only before the first optimizer step of the run: once it trained, every file it wrote is
+    kept, whatever fails afterwards (the test after fit, the export, a rank).
+    """
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
     ckpt_path = cli.chosen.path if cli.chosen is not None else None
-    guard = RunDirectoryGuard.of(trainer)
+    start_step = int((cli.chosen.checkpoint or {}).get("global_step", 0)) if cli.chosen is not None else 0
+    guard = RunDirectoryGuard.of(trainer, continuing=command == "fit" and cli.chosen is not None)
     try:
         if command == "check":
             trainer.fit(model, datamodule=data)
         elif command == "fit":
             trainer.fit(model, datamodule=data, ckpt_path=ckpt_path, weights_only=not pickle_allowed())
             if cli.config.get("test_after_fit"):
-                best = getattr(trainer.checkpoint_callback, "best_model_path", "")
-                trainer.test(model, datamodule=data, ckpt_path="best" if best else None)
+                _test_after_fit(cli)
         else:
             getattr(trainer, command)(model, datamodule=data, ckpt_path=ckpt_path, weights_only=not pickle_allowed())
     except BaseException as error:
@@ -216,8 +266,13 @@ def run_command(command: str, cli: ProjectCLI) -> None:
             else explain_rank_failure(error, trainer, timeout_s)
         )
         stop_launched_processes(trainer.strategy)
-        if isinstance(failure or error, UserError) and trainer.is_global_zero:
-            guard.undo()  # refused before training (e.g. by the sanity check): leave nothing behind
+        trained = command == "fit" and trainer.global_step > start_step
+        if isinstance(failure or error, UserError):
+            if trained:  # a finished (or started) training is never undone: say what failed, keep every file
+                kept = f"; everything it wrote is kept in {guard.run_dir}" if guard.run_dir is not None else ""
+                failure = UserError(f"training reached step {trainer.global_step}{kept}, then: {failure or error}")
+            elif trainer.is_global_zero:
+                guard.undo()  # refused before training (e.g. by the sanity check): leave nothing behind
         if failure is not None:
             raise failure from error
         raise

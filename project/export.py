@@ -183,6 +183,24 @@ def _import_class(path: str) -> type:
     return getattr(importlib.import_module(module_name), class_name)
 
 
+def _module_class(path: Any, spec_file: Path) -> type[nn.Module]:
+    """The ``nn.Module`` subclass an export's ``model.json`` names; anything else is refused before it is called.
+
+    An export folder is what people share: its ``model.pt`` is loaded weights-only, so its ``model.json`` must not
+    be a way to run arbitrary code either (``subprocess.Popen`` with ``init_args`` would run a command).
+    """
+    try:
+        found = _import_class(path) if isinstance(path, str) else None
+    except (ImportError, AttributeError, ValueError) as error:
+        raise UserError(f"'{spec_file}' names class_path {path!r}, which cannot be imported ({error})") from error
+    if not (isinstance(found, type) and issubclass(found, nn.Module)):
+        raise UserError(
+            f"'{spec_file}' names class_path {path!r}, which is not an nn.Module subclass; an export rebuilds only "
+            "a network (nothing was called): fix model.json or re-export the run"
+        )
+    return found
+
+
 def export_network(net: nn.Module, folder: str | os.PathLike[str], spec: Mapping[str, Any] | None = None) -> Path:
     """Write ``model.pt`` (bare state dict) and ``model.json`` (class path + init args) into ``folder``.
 
@@ -215,6 +233,6 @@ def rebuild(folder: str | os.PathLike[str]) -> nn.Module:
     if not spec_file.is_file():
         raise UserError(f"'{spec_file}' does not exist; export/ is written at the end of `fit`")
     spec = json.loads(spec_file.read_text())
-    net = _import_class(spec["class_path"])(**spec["init_args"])
+    net = _module_class(spec.get("class_path"), spec_file)(**spec.get("init_args", {}))
     load_weights(net, Path(folder) / EXPORT_WEIGHTS)
     return net.eval()

@@ -18,6 +18,10 @@ Importing this module imports nothing from Lightning (``project.export`` uses it
    ``callable(getattr(callback, hook))``. ``project.callbacks.dispatch.skip_idle_batch_hooks`` sets the
    per-batch hooks a callback leaves empty to ``None`` so they cost nothing (there is no public way to
    say "this callback has no per-batch hooks"); the test runs a fit that would raise if that changed.
+5. The version a TensorBoard/CSV logger has not chosen yet (``_version is None``) and the next free one
+   (``_get_next_version()``, a listing of the run name's folder). Lightning picks the version by listing, so two
+   runs started at once pick the same folder; :func:`project.runs.reserve_run_directory` creates the folder
+   atomically instead and gives the logger that version (there is no public setter).
 """
 
 from __future__ import annotations
@@ -53,3 +57,15 @@ def set_mesh_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> N
     """Give a ``ModelParallelStrategy`` its mesh sizes before its ``setup_environment`` builds the device mesh."""
     for name, size in zip(MESH_SIZE_ATTRIBUTES, (data_parallel, tensor_parallel)):
         setattr(strategy, name, size)
+
+
+def unchosen_version(logger: Any) -> int | None:
+    """The next free version by the logger's own listing, if it has not chosen one yet; ``None`` if it has."""
+    if getattr(logger, "_version", 0) is not None or not callable(getattr(logger, "_get_next_version", None)):
+        return None
+    return int(logger._get_next_version())
+
+
+def choose_version(logger: Any, version: int) -> None:
+    """Make ``logger`` use ``version`` (its ``log_dir`` becomes ``<root_dir>/version_<version>``)."""
+    logger._version = version

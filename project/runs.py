@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from project.lightning_private import choose_version, unchosen_version
+
 
 def read_scalars(run_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
     """All scalars of a run's TensorBoard event files, as ``tag -> [(step, value), ...]`` in file order.
@@ -32,3 +34,44 @@ def run_directory(trainer: Any) -> str | None:
     (Lightning#18148). Every writer of the run directory asks here, then lets rank 0 write.
     """
     return trainer.log_dir
+
+
+def run_of_config(configs: list[Any]) -> Path | None:
+    """The run directory whose ``config.yaml`` is among the ``--config`` files (a run's own config), if any.
+
+    A run directory holds ``plan.json`` or ``checkpoints/`` beside its ``config.yaml``. ``--ckpt_path last`` and
+    ``--resume auto`` with a run's config mean that run, not the newest run of its name.
+    """
+    for config in configs:
+        path = Path(getattr(config, "absolute", None) or str(config))
+        folder = path.parent
+        if path.name == "config.yaml" and ((folder / "plan.json").is_file() or (folder / "checkpoints").is_dir()):
+            return folder
+    return None
+
+
+def reserve_run_directory(logger: Any) -> Path | None:
+    """Create the next ``version_<n>`` folder of ``logger``'s run name atomically and make the logger use it.
+
+    Lightning chooses a version by listing the folders, so two runs of one name started at once (two 2-process
+    fits, two jobs of an array) would both write into the same folder. ``mkdir`` either creates a folder or
+    fails, on any POSIX filesystem: the first run gets ``version_<n>``, the next ``version_<n+1>``. Call it on
+    global rank 0 only; the other ranks learn the folder from rank 0 (``trainer.log_dir`` is broadcast).
+
+    Returns:
+        The folder created, or ``None`` when the logger has its version already or writes to a remote store.
+    """
+    version = unchosen_version(logger)
+    root = getattr(logger, "root_dir", None)
+    if version is None or root is None or "://" in str(root):
+        return None
+    Path(root).mkdir(parents=True, exist_ok=True)
+    while True:
+        folder = Path(root) / f"version_{version}"
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            version += 1
+            continue
+        choose_version(logger, version)
+        return folder

@@ -139,3 +139,12 @@ def stop_tree(*processes: subprocess.Popen, grace_s: float = 15.0) -> None:
             time.sleep(0.2)
         if not pids:
             return
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` with the SHA-256 of its content: what "nothing removed or overwritten" compares."""
+    import hashlib
+
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
+    }

@@ -9,7 +9,8 @@ fsync, one rename) whose writes run on one background thread:
 - A write that failed is raised at the next save, at the end of the stage (``teardown``, which Lightning calls
   at the end of every ``fit``/``validate``/``test``) and never silently: the target file is then the previous
   checkpoint, intact. The thread is joined before the process exits.
-- Removals (a ``ModelCheckpoint`` replacing its previous best) queue behind the writes, in order.
+- Removals (a ``ModelCheckpoint`` replacing its previous best) queue behind the writes, in order, and run only
+  if every write queued before them succeeded: a failed save never costs the file it was to replace.
 - Anything in this process that reads a checkpoint file waits for its write first (:mod:`pending`).
 
 Lightning's own ``AsyncCheckpointIO`` clones the tensors too, but queues any number of writes (each holding a
@@ -62,8 +63,19 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         pending.track(path, write)
 
     def remove_checkpoint(self, path: Any) -> None:
-        """Remove ``path`` after the writes queued before (it may be one of them)."""
-        self._submit(f"remove the checkpoint {path}", super().remove_checkpoint, path)
+        """Remove ``path`` after the writes queued before (it may be one of them), only if all of them succeeded.
+
+        A ``ModelCheckpoint`` removes its previous best right after saving the new one: if that save failed (a
+        full disk), the previous best is the only one left and must stay.
+        """
+        before = [done for _, done in self._in_flight]
+        self._submit(f"remove the checkpoint {path}", self._remove_after, before, path)
+
+    def _remove_after(self, before: list[Future[None]], path: Any) -> None:
+        # Runs on the writer thread, after every future in `before` (one worker runs them in order).
+        if any(done.exception() is not None for done in before):
+            return
+        super().remove_checkpoint(path)
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         """Lightning's read (or the preloaded checkpoint), once a write of ``path`` has finished."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,40 @@ def _check_is_torch_file(file: Path) -> None:
         )
 
 
+def check_integrity(file: Path) -> None:
+    """Refuse a torch zip file whose payload was damaged after it was written: every member's CRC32 is checked.
+
+    torch's reader never checks the zip's checksums, so a flipped byte in a weight or an optimizer moment loads
+    silently and trains on (or evaluates) garbage. Reading the members costs one more pass over the file, which
+    the page cache serves for the load that follows.
+
+    Raises:
+        UserError: a member fails its CRC32 check, or the zip directory cannot be read.
+    """
+    with open(file, "rb") as handle:
+        if handle.read(4) != _TORCH_MAGIC[0]:
+            return  # a legacy bare pickle carries no checksums
+    try:
+        with zipfile.ZipFile(file) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as error:
+        raise UserError(f"'{file}' is truncated or corrupt and cannot be loaded ({_first_line(error)})") from error
+    if damaged is not None:
+        raise UserError(
+            f"'{file}' is damaged: its member {damaged!r} fails its CRC32 check (the bytes changed after the file "
+            "was written); use an older checkpoint or retrain, and check the disk"
+        )
+
+
 def safe_load(path: str | os.PathLike[str]) -> Any:
-    """``torch.load`` with ``weights_only=True``, turning every failure into a one-line :class:`UserError`."""
+    """``torch.load`` with ``weights_only=True``, turning every failure into a one-line :class:`UserError`.
+
+    The file's checksums are verified first (:func:`check_integrity`): a damaged file is never loaded.
+    """
     file = Path(path)
     pending.wait_for(file)  # a checkpoint this process is still writing in the background: read it complete
     _check_is_torch_file(file)
+    check_integrity(file)
     trusted = pickle_allowed()
     try:
         return torch.load(file, map_location="cpu", weights_only=not trusted)

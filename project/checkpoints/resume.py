@@ -156,12 +156,15 @@ def _remove_partial_writes(checkpoints: Path) -> None:
         remove_partial(checkpoints)  # files and sharded (FSDP) folders
 
 
-def choose_checkpoint(command: str, ckpt_path: str | None, resume: str | None, trainer: Namespace) -> Chosen | None:
+def choose_checkpoint(
+    command: str, ckpt_path: str | None, resume: str | None, trainer: Namespace, run: Path | None = None
+) -> Chosen | None:
     """The checkpoint ``command`` starts from, loaded once; ``None`` for none.
 
-    ``--resume auto`` / ``--ckpt_path last`` take the newest good checkpoint of the run name; ``fit`` also
-    continues in its run folder (the ``trainer`` section's logger is pointed at it) and, with nothing to
-    resume, starts a new run. ``--ckpt_path none`` means no checkpoint, on purpose.
+    ``--resume auto`` / ``--ckpt_path last`` take the newest good checkpoint of the run name (of ``run``, the run
+    directory whose own ``config.yaml`` was given, if any); ``fit`` also continues in its run folder (the
+    ``trainer`` section's logger is pointed at it) and, with nothing to resume, starts a new run.
+    ``--ckpt_path none`` means no checkpoint, on purpose.
 
     Raises:
         UserError: both options given, no logger, nothing to evaluate, or a file that does not load.
@@ -183,7 +186,7 @@ def choose_checkpoint(command: str, ckpt_path: str | None, resume: str | None, t
     if resume != RESUME_AUTO and ckpt_path != "last":
         return Chosen(str(ckpt_path), read_checkpoint(str(ckpt_path)))
     asked = f"--resume {resume}" if resume is not None else "--ckpt_path last"
-    name = run_name(trainer)
+    name = RunName(run.parent, run.name) if run is not None else run_name(trainer)
     found = _find_newest_good(name)
     if found is None:
         if command != "fit":
