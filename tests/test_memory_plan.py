@@ -111,3 +111,22 @@ def test_plan_for_8_gpus_shows_fsdp_precision_compile_and_memory_beside_ddp(tmp_
     for words in ("memory per device", "ddp: a full replica (planned)", "fsdp full: / 8", "optimizer state"):
         assert words in text.stdout, text.stdout
     assert "bf16-mixed" in text.stdout and "Not counted: activations" in " ".join(text.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "optimizer", [torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, torch.optim.RMSprop, torch.optim.Adagrad]
+)
+def test_the_optimizer_a_module_configures_itself_is_counted(optimizer):
+    """A module's own configure_optimizers (AdamW keeps a `decoupled_weight_decay` its constructor does not take)."""
+
+    class Own(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = DigitsNet(hidden=16)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return optimizer(self.parameters(), lr=0.01)
+
+    count = count_optimizer(Own(), None)
+    assert count.source.startswith("counted"), count.source
+    assert count.class_path.endswith(optimizer.__name__)

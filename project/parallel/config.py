@@ -56,6 +56,8 @@ class ParallelConfig:
         straggler_every_n_steps: Gather each rank's compute time every N optimizer steps (0: off) and name
             a rank slower than the median by ``straggler_factor``.
         straggler_factor: How many times the median step time a rank must take to be named a straggler.
+        cpu_threads: Intra-op threads of each CPU process; ``None``: the cores shared evenly among the
+            processes of the node (``OMP_NUM_THREADS``, when set, stands).
     """
 
     scenario: Scenario = "auto"
@@ -80,6 +82,7 @@ class ParallelConfig:
     precision: Precision = "32"
     straggler_every_n_steps: int = 50
     straggler_factor: float = 1.5
+    cpu_threads: int | None = None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ CUDA context and the allocator's cache.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import warnings
 from collections.abc import Iterable, Mapping
@@ -109,8 +110,17 @@ def optimizer_of(model: nn.Module, section: Mapping[str, Any] | None) -> tuple[t
         return None, {}
     for item in _flatten(found):
         if isinstance(item, torch.optim.Optimizer):
-            return type(item), dict(item.defaults)
+            return type(item), _accepted(type(item), dict(item.defaults))
     return None, {}
+
+
+def _accepted(cls: type, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The ``defaults`` an optimizer's constructor takes: some keep derived ones (AdamW's ``decoupled_weight_decay``)."""
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return defaults
+    names = {p.name for p in parameters}
+    return {key: value for key, value in defaults.items() if key in names}
 
 
 def _flatten(value: Any) -> Iterable[Any]:
