@@ -133,17 +133,6 @@ def test_a_run_is_tested_from_its_own_config_file(plain_runs, tmp_path):
     assert "test/acc" in read_scalars(run_dirs(tmp_path)[-1])
 
 
-@pytest.mark.distributed
-def test_an_iterable_dataset_is_said_before_training_and_recorded(tmp_path):
-    streamed = ["--data.class_path", "user_code.StreamedDigits", "--trainer.max_steps", "3"]
-    result = run_cli(["fit", "--config", DIGITS, "--config", CPU_DDP, "--config", FAST, *streamed, *SHORT], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    warnings = [line for line in result.stderr.splitlines() if "training batches depend on the world size" in line]
-    assert len(warnings) == 1 and "IterableDataset" in warnings[0], result.stderr[-3000:]
-    guarantees = read_plan(run_dirs(tmp_path)[-1])["guarantees"]
-    assert guarantees["training"]["held"] is False and guarantees["validation"]["held"] is True
-
-
 def test_a_library_network_is_exported_from_the_config_and_rebuilds(tmp_path):
     linear = ["--model.init_args.net", json.dumps({"class_path": "torch.nn.Linear", "init_args": {"in_features": 64}})]
     linear += ["--model.init_args.net.init_args.out_features", "10"]

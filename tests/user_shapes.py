@@ -4,13 +4,19 @@
   language models are written); it logs ``val/acc`` so that ``configs/digits.yaml``'s checkpointing works.
 - :class:`FailingTestCallback`: a callback whose test refuses (as a checkpoint the test cannot read would), to
   prove that a failure after training keeps everything the run wrote.
+- :class:`ShuffledStreamDigits`: a training stream that reshuffles on every pass and keeps its pass count in
+  ``state_dict``, as a stateful streaming dataset does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import lightning as L
 import torch
 from torch import Tensor, nn
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from user_code import PlainDigits
 
 from project.errors import UserError
 
@@ -58,3 +64,36 @@ class FailingTestCallback(L.Callback):
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Refuse."""
         raise UserError("the test data is not reachable (raised on purpose by FailingTestCallback)")
+
+
+class ShuffledStream(IterableDataset):
+    """A stream that reshuffles on every pass, remembering how many passes it made: ``state_dict`` makes it resumable.
+
+    Without its state a re-read would give another order, so a resume that re-reads it would be inexact.
+    """
+
+    def __init__(self, data: TensorDataset, seed: int = 7) -> None:
+        self.data = data
+        self.seed = seed
+        self.passes = 0
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        order = torch.randperm(len(self.data), generator=torch.Generator().manual_seed(self.seed + self.passes))
+        self.passes += 1
+        return (self.data[i] for i in order.tolist())
+
+    def state_dict(self) -> dict[str, int]:
+        """How many passes were made."""
+        return {"passes": self.passes}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from that pass."""
+        self.passes = int(state["passes"])
+
+
+class ShuffledStreamDigits(PlainDigits):
+    """The digits' training split as a :class:`ShuffledStream`."""
+
+    def train_dataloader(self) -> DataLoader:
+        """A stateful stream."""
+        return DataLoader(ShuffledStream(self.train), batch_size=self.bs)

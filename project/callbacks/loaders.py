@@ -19,12 +19,14 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning as L
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from project.errors import UserError
 from project.parallel.loaders import Guarantee, install_eval_sampler, install_training_sampler
 from project.parallel.plan import Plan
 from project.parallel.sampling import GlobalBatchSampler
+from project.parallel.stream import GlobalBatchStream, is_stateful
 
 EVAL_HOOKS = {"val_dataloader": "validation", "test_dataloader": "test", "predict_dataloader": "predict"}
 
@@ -61,6 +63,9 @@ class LoaderGuaranteesCallback(L.Callback):
         self._wrapped: set[int] = set()
         self._built_train: Any = None
         self._sampler: GlobalBatchSampler | None = None
+        self._stream: GlobalBatchStream | None = None
+        self._stream_resume: tuple[int, int] | None = None
+        self._stream_state: Any = None
         self._resume_point: tuple[int, int] | None = None
         self._position = (0, 0)  # (epoch, batches trained in it)
         self._said: set[str] = set()
@@ -107,9 +112,13 @@ class LoaderGuaranteesCallback(L.Callback):
             )
         except ValueError as error:
             raise UserError(f"data: {error}") from None
-        if guarantee.held:
+        if guarantee.held and isinstance(loader.dataset, GlobalBatchStream):
+            self._stream = loader.dataset
+            self._resume_stream()
+        elif guarantee.held:
             self._sampler = loader.sampler
             self._sampler.resume_point = self._resume_point
+        if guarantee.held:
             # Lightning warns that a plain DataLoader cannot resume mid-epoch; this sampler does it itself.
             warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
         self._record("training", guarantee, trainer)
@@ -143,7 +152,12 @@ class LoaderGuaranteesCallback(L.Callback):
         epoch, done = self._position
         plan = self.plan
         sizes = {"global_batch_size": plan.global_batch_size, "accumulation": plan.accumulation} if plan else {}
-        return {"epoch": epoch, "batches_done": done, **sizes}
+        stream = (
+            {"stream_state": self._stream.epoch_state, "stream_exhausted": self._stream.exhausted}
+            if self._stream is not None
+            else {}
+        )
+        return {"epoch": epoch, "batches_done": done, **sizes, **stream}
 
     def _check_resumable(self) -> None:
         """A resumed run must keep the global batch and its accumulation: the position counts micro-batches."""
@@ -163,6 +177,26 @@ class LoaderGuaranteesCallback(L.Callback):
                 "new training from its weights with --model.init_args.weights"
             )
 
+    def _resume_stream(self) -> None:
+        """The next pass over the training stream skips what the checkpoint's epoch trained on (once both are known).
+
+        A stateful stream is put back in its state at that epoch's start first, so the skip is exact; a stateless
+        one is read again from its start, which the run says in one line.
+        """
+        if self._stream is None or self._stream_resume is None:
+            return
+        (epoch, done), self._stream_resume = self._stream_resume, None
+        self._stream.skip_batches = done
+        user_stream = self._stream.stream
+        if is_stateful(user_stream) and self._stream_state is not None:
+            user_stream.load_state_dict(self._stream_state)
+        elif rank_zero_only.rank == 0:
+            sys.stderr.write(
+                f"warning: resuming epoch {epoch} of the training stream {type(user_stream).__name__}, which has no "
+                f"state_dict/load_state_dict: its first {done * self._stream.samples_per_micro_step} samples are read "
+                "again and skipped, which is exact only if it yields the same samples every time it is iterated\n"
+            )
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume mid-epoch: the next training loader starts after the global batches already trained on.
 
@@ -173,5 +207,8 @@ class LoaderGuaranteesCallback(L.Callback):
         if "epoch" in state_dict:
             self._resume_point = (int(state_dict["epoch"]), int(state_dict["batches_done"]))
             self._position = self._resume_point
+            if not state_dict.get("stream_exhausted", True):  # saved mid-epoch by a run reading a stream
+                self._stream_resume, self._stream_state = self._resume_point, state_dict.get("stream_state")
+                self._resume_stream()
             if self._sampler is not None:  # built at setup, before Lightning restored this state
                 self._sampler.resume_point = self._resume_point

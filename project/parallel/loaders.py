@@ -6,9 +6,10 @@ prediction: by :class:`~project.parallel.sampling.EvalShardSampler`, so every sa
 ranks' shards, in rank order, are the dataset order. Everything else of the user's loader stays: dataset,
 collate_fn, workers, pinning, worker_init_fn, generator.
 
-Where that cannot be done without changing what the user's loader means (an IterableDataset, a custom
-sampler or batch_sampler, a DataLoader subclass), the loader is left alone and the :class:`Guarantee`
-says why; the run says so in one line before training.
+A training stream (an ``IterableDataset``) is cut into the same global batches by
+:class:`~project.parallel.stream.GlobalBatchStream`. Where that cannot be done without changing what the user's
+loader means (an evaluation stream, a custom sampler or batch_sampler, a DataLoader subclass), the loader is
+left alone and the :class:`Guarantee` says why; the run says so in one line before training.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from project.data.augment import SeededAugmentation
 from project.parallel.sampling import EvalShardSampler, GlobalBatchSampler
+from project.parallel.stream import GlobalBatchStream, is_stateful
 
 
 @dataclass(frozen=True)
@@ -54,11 +56,11 @@ def _refusal(loader: Any) -> str | None:
     return f"the loader has a custom sampler ({type(sampler).__name__})"
 
 
-def _rebuild(loader: DataLoader, sampler: Any, batch_size: int) -> DataLoader:
-    """``loader`` again with ``sampler`` and ``batch_size``; every other setting kept."""
+def _rebuild(loader: DataLoader, sampler: Any, batch_size: int, dataset: Any = None) -> DataLoader:
+    """``loader`` again with ``sampler`` and ``batch_size`` (and ``dataset``); every other setting kept."""
     workers = loader.num_workers
     return DataLoader(
-        loader.dataset,
+        loader.dataset if dataset is None else dataset,
         batch_size=batch_size,
         sampler=sampler,
         num_workers=workers,
@@ -89,6 +91,8 @@ def install_training_sampler(
     Raises:
         ValueError: the dataset holds fewer samples than one global batch.
     """
+    if isinstance(getattr(loader, "dataset", None), IterableDataset):
+        return _install_stream(loader, per_device_batch_size, world_size, rank, accumulation)
     refusal = _refusal(loader)
     if refusal is not None:
         return loader, Guarantee(False, f"training batches depend on the world size: {refusal}")
@@ -112,6 +116,33 @@ def install_training_sampler(
         f"{'shuffled' if shuffle else 'in order'} with seed {sampler.seed}, the same at any world size"
     )
     return _rebuild(loader, sampler, per_device_batch_size), Guarantee(True, detail)
+
+
+def _install_stream(
+    loader: Any, per_device_batch_size: int, world_size: int, rank: int, accumulation: int
+) -> tuple[Any, Guarantee]:
+    """A training stream cut into the same global batches at any world size (:mod:`project.parallel.stream`)."""
+    refusal = None
+    if type(loader) is not DataLoader:
+        refusal = f"the loader is a {type(loader).__name__}, not a plain torch DataLoader"
+    elif loader.batch_size is None:
+        refusal = "the stream's loader batches by itself (batch_size=None)"
+    elif loader.num_workers > 0:
+        refusal = (
+            f"the stream is read by {loader.num_workers} worker processes, which split it as the dataset decides; "
+            "use num_workers=0 for world-size-invariant batches"
+        )
+    if refusal is not None:
+        return loader, Guarantee(False, f"training batches depend on the world size: {refusal}")
+    stream = GlobalBatchStream(loader.dataset, per_device_batch_size, world_size, rank, accumulation)
+    times = f" x accumulation {accumulation}" if accumulation > 1 else ""
+    state = "resumable exactly (state_dict)" if is_stateful(loader.dataset) else "re-read from its start on resume"
+    detail = (
+        f"a stream cut into global batches of {stream.samples_per_micro_step * accumulation} "
+        f"({per_device_batch_size} per process x {world_size}{times}) in stream order, each process training on its "
+        f"own slice of each, the same at any world size; {state}"
+    )
+    return _rebuild(loader, None, per_device_batch_size, stream), Guarantee(True, detail)
 
 
 def install_eval_sampler(loader: Any, world_size: int, rank: int, stage: str) -> tuple[Any, Guarantee]:
