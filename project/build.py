@@ -9,6 +9,7 @@ IO and template callbacks come from that resolution. ``plan`` builds the model a
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from dataclasses import replace
 from functools import partial
@@ -18,12 +19,14 @@ import lightning as L
 import torch
 from jsonargparse import ActionYesNo, Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.profilers import PassThroughProfiler
 
-from project.callbacks import LoaderGuaranteesCallback, StragglerCallback, template_callbacks
+from project.callbacks import LoaderGuaranteesCallback, StragglerCallback, lists_prediction_writer, template_callbacks
 from project.callbacks.dispatch import skip_idle_batch_hooks
+from project.callbacks.model_checks import refuse_manual_accumulation
 from project.check.command import add_check_arguments, check_trainer_kwargs
 from project.checkpoints.io import with_atomic_checkpoint_io
 from project.checkpoints.resume import Chosen, choose_checkpoint
@@ -33,6 +36,7 @@ from project.parallel.compile import CompileAfterWrap
 from project.parallel.config import Hardware, ParallelConfig
 from project.parallel.environment import detect_environment
 from project.parallel.plan import Plan, resolve_plan
+from project.parallel.threads import apply_cpu_threads
 from project.runs import run_of_config
 
 # Trainer settings that the plan decides when `parallel` is given.
@@ -191,6 +195,9 @@ class ProjectCLI(LightningCLI):
         self.plan_inputs = (settings, hardware)
         if self.command != "plan":  # `plan` resolves with the data batch size, and says why a launch would fail
             self.plan = resolve_plan(settings, hardware, detect_environment(), None)
+            if self.plan.accelerator == "cpu":
+                processes = self.plan.devices if isinstance(self.plan.devices, int) else 1
+                apply_cpu_threads(processes, settings.cpu_threads, rank_zero_only.rank)
             resolve = partial(
                 resolve_plan, settings, hardware, detect_environment(), configured_lr=self.configured_lr()
             )
@@ -221,16 +228,23 @@ class ProjectCLI(LightningCLI):
         return StragglerCallback(settings.straggler_every_n_steps, settings.straggler_factor)
 
     def _refuse_trainer_overlap(self, parallel: Any) -> None:
+        """A plan-owned trainer setting beside the ``parallel`` section: one line naming the section's own setting."""
         if parallel is None:
             return
+        # The parallel section's name for each trainer setting (devices, num_nodes, ... are the same).
+        renamed = {"accelerator": "scenario", "strategy": "scenario", "accumulate_grad_batches": "accumulation"}
         defaults = self.parser.get_defaults().trainer
         for key in PLAN_OWNED_TRAINER_KEYS:
             value = self.config.trainer.get(key)
             if value != defaults.get(key):
+                setting = f"parallel.{renamed.get(key, key)}"
+                # 'ddp_find_unused_parameters_true', or DDPStrategy with find_unused_parameters=True
+                if key == "strategy" and re.search(r"find_unused_parameters\W*_?true", str(value), re.IGNORECASE):
+                    setting = "`parallel.find_unused_parameters: true`"
                 raise UserError(
                     f"trainer.{key}={value!r} and the parallel section both set the layout; "
-                    f"drop trainer.{key} (the parallel section decides it), or set `parallel: null` "
-                    "to use plain Lightning trainer settings"
+                    f"drop trainer.{key} and set {setting} instead (the parallel section decides it), "
+                    "or set `parallel: null` to use plain Lightning trainer settings"
                 )
 
     def instantiate_classes(self) -> None:
@@ -249,6 +263,9 @@ class ProjectCLI(LightningCLI):
             if cause is not None:
                 raise cause from None
             raise UserError(f"could not build the model/data/trainer from the config: {root_cause(error)}") from error
+        if self.command in ("fit", "check"):  # before any process starts; evaluation never accumulates
+            settings = self.plan_inputs[0] if self.plan_inputs is not None else None
+            refuse_manual_accumulation(self.model, self.trainer.accumulate_grad_batches, settings, self.plan)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The Trainer, with the plan's layout, atomic checkpoint IO and the template's callbacks."""
@@ -261,12 +278,13 @@ class ProjectCLI(LightningCLI):
         chosen = self.chosen.path if self.chosen is not None else None
         settings = self.plan_inputs[0] if self.plan_inputs is not None else None
         learning_rate = settings is not None and (settings.lr_scaling != "none" or settings.warmup_steps > 0)
-        own = template_callbacks(
-            self.loaders, chosen, wants_template_progress_bar(trainer_config), learning_rate, self._stragglers()
-        )
+        listed = _listed(trainer_config.get("callbacks"))
+        writer = self.command == "predict" and not lists_prediction_writer(listed)  # predictions.csv by default
+        bar = wants_template_progress_bar(trainer_config)
+        own = template_callbacks(self.loaders, chosen, bar, learning_rate, self._stragglers(), writer)
         # torch.compile once the strategy has wrapped the model
         compiled = [CompileAfterWrap()] if self.plan is not None and self.plan.compile else []
-        kwargs["callbacks"] = [*_listed(trainer_config.get("callbacks")), *own, *compiled]
+        kwargs["callbacks"] = [*listed, *own, *compiled]
         if self.command == "check":  # the layout, the sampling and the model as configured; nothing written
             kept = [self.loaders] if self.loaders is not None else []
             kwargs.update(check_trainer_kwargs(self.config, [*kept, *compiled]))

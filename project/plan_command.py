@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from project.callbacks.model_checks import refuse_manual_accumulation
 from project.parallel.environment import detect_environment
 from project.parallel.fsdp import plan_units
 from project.parallel.layout import LaunchMismatchError
@@ -62,6 +63,8 @@ def memory_estimate(cli: ProjectCLI, plan: Plan) -> dict[str, Any] | None:
 def print_plan(cli: ProjectCLI) -> None:
     """Print the plan as a table, or as one JSON object with ``--json``."""
     plan = resolve_for_plan(cli)
+    # What fit would refuse before starting, plan refuses alike (the plan of a run that cannot start misleads).
+    refuse_manual_accumulation(cli.model, plan.accumulation, cli.plan_inputs[0], plan)
     data = plan.to_dict()
     data["strategy"].update(plan_units(plan.scenario, plan.strategy, cli.model, cli.plan_inputs[0].wrap_modules))
     if cli.config.get("parallel") is None:

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from project.data.arrays import load_digits_tensors
 from project.data.augment import SeededAugmentation
+from project.models.classifier import Classifier
 
 
 def digits_parts(test_size: int = 45, val_size: int = 45) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
@@ -143,3 +144,90 @@ class AugmentedDigits(PlainDigits):
         """Shuffled, augmented, loaded by ``workers`` processes."""
         augmented = SeededAugmentation(self.train, add_noise, seed=7)
         return DataLoader(augmented, batch_size=self.bs, shuffle=True, num_workers=self.workers)
+
+
+class UnusedHeadClassifier(Classifier):
+    """The digits classifier plus an auxiliary head that ``forward`` never uses: its parameters never get a gradient.
+
+    Under scenario fsdp the head is a network of its own (an FSDP root), sharded, but with no optimizer state.
+    """
+
+    def __init__(self, net: nn.Module, num_classes: int = 10, weights: str | None = None) -> None:
+        super().__init__(net, num_classes, weights)
+        self.aux_head = nn.Linear(64, num_classes)
+
+
+class ShapedPredictions(Classifier):
+    """The digits classifier whose ``predict_step`` returns what users' do, rather than a tensor.
+
+    ``returns``: ``dict``, a mix: ``{"probs": [B, 10] tensor, "label": one string per sample}``;
+    ``scalar``: one number for the whole batch, which cannot be written one row per sample.
+    """
+
+    def __init__(
+        self, net: nn.Module, num_classes: int = 10, weights: str | None = None, returns: str = "dict"
+    ) -> None:
+        super().__init__(net, num_classes, weights)
+        self.returns = returns
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, object] | Tensor:
+        """The class probabilities and a label per sample, or their largest value over the batch."""
+        probs = torch.softmax(self.net(batch[0]), dim=1)
+        if self.returns == "scalar":
+            return probs.max()
+        return {"probs": probs, "label": [f"digit {int(c)}" for c in probs.argmax(dim=1)]}
+
+
+class PartlyUsedHeads(Classifier):
+    """The digits classifier with an auxiliary head whose loss counts only before step ``aux_until_step``.
+
+    From that step on the head gets no gradient: under DDP without ``parallel.find_unused_parameters`` from the
+    first step (``aux_until_step=0``, a head never trained) or from a later one (a schedule that drops a loss).
+    """
+
+    def __init__(
+        self, net: nn.Module, num_classes: int = 10, weights: str | None = None, aux_until_step: int = 0
+    ) -> None:
+        super().__init__(net, num_classes, weights)
+        self.aux_head = nn.Linear(64, num_classes)
+        self.aux_until_step = aux_until_step
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """The classifier's loss, plus the auxiliary head's on the inputs while the schedule keeps it."""
+        loss = super().training_step(batch, batch_idx)
+        if self.global_step < self.aux_until_step:
+            loss = loss + self.loss_fn(self.aux_head(batch[0]), batch[1])
+        return loss
+
+
+class ManualGAN(L.LightningModule):
+    """A GAN on the digits' 64 pixels, optimized by hand (``automatic_optimization = False``), two optimizers."""
+
+    def __init__(self, noise: int = 16) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.noise = noise
+        self.generator = nn.Sequential(nn.Linear(noise, 64), nn.Tanh())
+        self.discriminator = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """One discriminator step on real and generated samples, then one generator step."""
+        opt_g, opt_d = self.optimizers()
+        real = batch[0]
+        fake = self.generator(torch.randn(real.shape[0], self.noise, device=real.device))
+        bce = nn.functional.binary_cross_entropy_with_logits
+        ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
+        d_loss = bce(self.discriminator(real), ones) + bce(self.discriminator(fake.detach()), zeros)
+        opt_d.zero_grad()
+        self.manual_backward(d_loss)
+        opt_d.step()
+        opt_g.zero_grad()
+        self.manual_backward(bce(self.discriminator(fake), ones))
+        opt_g.step()
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        """Adam for each network."""
+        return [
+            torch.optim.Adam(self.generator.parameters(), lr=2e-4),
+            torch.optim.Adam(self.discriminator.parameters(), lr=2e-4),
+        ]

@@ -3,11 +3,12 @@
 Two kinds, each installed one way:
 
 - chosen in the config (``trainer.callbacks``): :class:`BarrierCallback`, :class:`UnwrapEvalCallback`,
-  :class:`NonFiniteLossCallback`, :class:`PredictionsWriter`, and any progress bar;
+  :class:`NonFiniteLossCallback`, a prediction writer other than the default, and any progress bar;
 - the template's own, on every run, from :func:`template_callbacks`: the loader guarantees, ``plan.json``,
-  every rank's random state, the monitored-metric check, the learning-rate scaling and warmup when the
-  ``parallel`` section asks for them, straggler detection on several processes, and :class:`ProgressBar`
-  unless the config names a progress bar or turns it off.
+  every rank's random state, the monitored-metric check, the unused-parameter check (DDP), the learning-rate
+  scaling and warmup when the ``parallel`` section asks for them, straggler detection on several processes,
+  :class:`PredictionsWriter` on ``predict`` unless the config lists a prediction writer, and
+  :class:`ProgressBar` unless the config names a progress bar or turns it off.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from project.callbacks.best_checkpoint import BestCheckpoint
 from project.callbacks.checks import MonitoredMetricsCheck
 from project.callbacks.learning_rate import LearningRateCallback
 from project.callbacks.loaders import LoaderGuaranteesCallback
+from project.callbacks.model_checks import UnusedParametersCheck
 from project.callbacks.nonfinite import NonFiniteLossCallback
-from project.callbacks.predictions import PredictionsWriter
+from project.callbacks.predictions import PredictionsWriter, lists_prediction_writer
 from project.callbacks.progress import ProgressBar
 from project.callbacks.rng import RandomStateCallback
 from project.callbacks.run_record import RunRecordCallback
@@ -41,7 +43,9 @@ __all__ = [
     "RunRecordCallback",
     "StragglerCallback",
     "TimedCheckpoint",
+    "UnusedParametersCheck",
     "UnwrapEvalCallback",
+    "lists_prediction_writer",
     "template_callbacks",
 ]
 
@@ -52,6 +56,7 @@ def template_callbacks(
     progress_bar: bool,
     learning_rate: bool = False,
     stragglers: StragglerCallback | None = None,
+    predictions: bool = False,
 ) -> list[Callback]:
     """The callbacks every run gets, in the order they must run (the loaders before the record of them).
 
@@ -61,10 +66,13 @@ def template_callbacks(
         progress_bar: Add :class:`ProgressBar` (Lightning's rich bar, redrawn at most 10 times a second).
         learning_rate: Add :class:`LearningRateCallback` (the plan scales or warms up the learning rate).
         stragglers: Straggler detection, configured by the ``parallel`` section (``None``: off).
+        predictions: Add :class:`PredictionsWriter` (``predict``, when the config lists no prediction writer).
     """
     own: list[Callback] = [loaders] if loaders is not None else []
     if learning_rate and loaders is not None:
         own.append(LearningRateCallback(loaders))
     own += [RunRecordCallback(loaders), RandomStateCallback(ckpt_path), MonitoredMetricsCheck()]
+    own.append(UnusedParametersCheck())  # DDP: parameters that got no gradient, named before the first step
     own += [stragglers] if stragglers is not None else []
+    own += [PredictionsWriter()] if predictions else []
     return [*own, ProgressBar()] if progress_bar else own

@@ -1,8 +1,25 @@
-"""Write what ``predict`` returns to ``<run>/predictions.csv``, in dataset order, once per sample.
+"""Write what ``predict_step`` returns to ``<run>/predictions.csv``: one row per sample, in dataset order, once each.
 
-Rows are ``index,prediction``: a class id or a number as it is; a vector per sample (probabilities, a
-regression of several targets) as one quoted JSON list, so every row stays two columns
-(``3,"[0.1, 0.7, 0.2]"``).
+Every ``predict`` gets this writer, unless the config lists a prediction writer of its own in
+``trainer.callbacks`` (any :class:`~lightning.pytorch.callbacks.BasePredictionWriter`, this one included).
+
+Rows are in dataset order, one per sample: the first column, ``index``, is the sample's index in the
+predict dataset (as the sampler drew it; a stream's rows are numbered as they came). Then the prediction,
+by what ``predict_step`` returns for a batch of ``n`` samples:
+
+- a tensor (or NumPy array) whose first dimension is the ``n`` samples: one column ``prediction``;
+- a list of ``n`` plain values (strings, numbers, 0-dim tensors): one column ``prediction``;
+- a tuple or list of those: one column per position, ``prediction_0``, ``prediction_1``, ...;
+- a dict of those: one column per key (``index,probs,label``); a tuple in it gives ``key_0``, ``key_1``,
+  a dict in it ``key.sub``.
+
+A cell is a number or a string as it is; a vector per sample (probabilities, several regression targets)
+is one quoted JSON list, so a row keeps one cell per column (``3,"[0.1, 0.7, 0.2]"``). With several
+predict loaders a first column ``dataloader`` says which one, and ``index`` counts within it.
+
+What cannot be split into one value per sample (one number for the whole batch, a list whose length is
+not the batch's) stops ``predict`` with one ``error:`` line naming what was returned, before anything is
+written. A ``predict_step`` that returns ``None`` for every batch writes nothing and says so.
 """
 
 from __future__ import annotations
@@ -10,22 +27,167 @@ from __future__ import annotations
 import csv
 import io
 import json
+import operator
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 import torch.distributed as dist
+from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.utilities.data import extract_batch_size
+from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 
 from project.checkpoints.atomic import atomic_write_text
 from project.errors import UserError
 from project.parallel.sampling import EvalShardSampler
 from project.runs import run_directory
 
+#: What ``predict_step`` may return per batch, for the error that says it returned something else.
+EXPECTED = (
+    "one value per sample: a tensor whose first dimension is the batch, a list of one string or number per "
+    "sample, or a tuple, list or dict of those (project/callbacks/predictions.py); or list a prediction writer "
+    "of your own in trainer.callbacks"
+)
+_PLAIN = (str, int, float, bool, type(None), np.generic)
 
-def _cell(value: torch.Tensor) -> Any:
-    """One sample's prediction: a scalar as it is, anything larger as a JSON list."""
-    return value.item() if value.numel() == 1 else json.dumps(value.tolist())
+
+class Unsplittable(UserError):
+    """A ``predict_step`` output that cannot be written as one row per sample."""
+
+
+def _is_array(value: Any) -> bool:
+    """A tensor or NumPy array with a first dimension to split."""
+    return isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim > 0
+
+
+def _is_plain(value: Any) -> bool:
+    """One sample's value of a per-sample list: a string, a number, or a 0-dim tensor or array."""
+    return isinstance(value, _PLAIN) or (isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0)
+
+
+def _is_values(value: Any) -> bool:
+    """A list of plain values: one per sample (a tuple is one column per position, as a tuple of tensors is)."""
+    return isinstance(value, list) and len(value) > 0 and all(_is_plain(v) for v in value)
+
+
+def describe(value: Any, depth: int = 0) -> str:
+    """What ``value`` is, short, for an error: ``a tensor of shape [16, 3]``, ``a dict {'label': a list of 15 str}``."""
+    if value is None:
+        return "None"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {list(value.shape)}"
+    if _is_values(value):
+        kinds = "/".join(sorted({type(v).__name__ for v in value}))
+        return f"a {type(value).__name__} of {len(value)} {kinds}"
+    if depth > 2:  # an error line, not a dump of the structure
+        return f"a {type(value).__name__}"
+    if isinstance(value, Mapping):
+        items = ", ".join(f"{key!r}: {describe(sub, depth + 1)}" for key, sub in list(value.items())[:6])
+        return f"a dict {{{items}{', ...' if len(value) > 6 else ''}}}"
+    if isinstance(value, (list, tuple)):
+        items = ", ".join(describe(sub, depth + 1) for sub in value[:6])
+        return f"a {type(value).__name__} ({items}{', ...' if len(value) > 6 else ''})"
+    return f"a {type(value).__name__}"
+
+
+def _leaves(value: Any, name: str | None = None) -> list[tuple[str, Any]]:
+    """(column name, per-sample sequence) of each column in ``value``; ``name``: where it sits in the output."""
+    if _is_array(value) or _is_values(value):
+        return [(name or "prediction", value)]
+    if isinstance(value, Mapping) and value:
+        return [c for key, sub in value.items() for c in _leaves(sub, f"{name}.{key}" if name else str(key))]
+    if isinstance(value, (list, tuple)) and value:
+        return [c for i, sub in enumerate(value) for c in _leaves(sub, f"{name or 'prediction'}_{i}")]
+    what = "one value for the whole batch" if _is_plain(value) else f"{describe(value)}, nothing per sample"
+    where = f"column {name!r}" if name else "it"
+    raise Unsplittable(f"{where} is {what}")
+
+
+def _length(column: Any) -> int:
+    return column.shape[0] if _is_array(column) else len(column)
+
+
+def _cells(column: Any) -> list[Any]:
+    """One cell per sample: a number or string as it is, anything larger as a JSON list."""
+    if _is_array(column):
+        array = column.detach().cpu() if isinstance(column, torch.Tensor) else np.asarray(column)
+        if array.ndim == 1 or int(np.prod(array.shape[1:])) == 1:
+            return array.reshape(array.shape[0]).tolist()
+        # default=str: an object array's odd elements still become text, not a crash at the end of predict
+        return [json.dumps(row, default=str) for row in array.tolist()]
+    return [v.item() if isinstance(v, (torch.Tensor, np.ndarray, np.generic)) else v for v in column]
+
+
+def prediction_table(output: Any, batch_size: int | None) -> tuple[list[str], list[list[Any]]]:
+    """The column names and one row of cells per sample for one batch's ``output`` (without ``index``).
+
+    Args:
+        output: What ``predict_step`` returned for the batch.
+        batch_size: The samples in the batch; ``None`` when unknown: then every column must have the same length.
+
+    Raises:
+        Unsplittable: ``output`` is not one value per sample (see the module's docstring).
+    """
+    leaves = _leaves(output)
+    names = [name for name, _ in leaves]
+    doubled = sorted({name for name in names if names.count(name) > 1 or name in ("index", "dataloader")})
+    if doubled:
+        raise Unsplittable(f"the columns {doubled} would appear twice in predictions.csv; rename them")
+    lengths = {name: _length(column) for name, column in leaves}
+    expected = batch_size if batch_size is not None else next(iter(lengths.values()))
+    wrong = {name: n for name, n in lengths.items() if n != expected}
+    if wrong:
+        have = ", ".join(f"column {name!r} has {n}" for name, n in wrong.items())
+        raise Unsplittable(f"{have} values for a batch of {expected} samples")
+    columns = [_cells(column) for _, column in leaves]
+    return names, [list(row) for row in zip(*columns, strict=True)]
+
+
+def prediction_csv(
+    names: Sequence[str], loaders: Mapping[int, Sequence[tuple[int | None, Sequence[Any]]]], several: bool = False
+) -> str:
+    """The CSV text, header included: ``index,<names>`` rows, or ``dataloader,index,<names>`` for several loaders.
+
+    Args:
+        names: The prediction's column names.
+        loaders: Predict loader number -> its (sample index, cells) rows in the order predicted; an index is
+            ``None`` where the loader does not say it (an IterableDataset).
+        several: The run had several predict loaders: say which loader each row is from.
+    """
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["dataloader", "index", *names] if several else ["index", *names])
+    for k in sorted(loaders):
+        rows = loaders[k]
+        if all(i is not None for i, _ in rows):  # the samplers' own indices: dataset order, whatever the sampler
+            numbered = sorted(rows, key=lambda row: row[0])
+        else:  # a stream: its order is the only one there is
+            numbered = [(i, cells) for i, (_, cells) in enumerate(rows)]
+        writer.writerows(([k] if several else []) + [i, *cells] for i, cells in numbered)
+    return out.getvalue()
+
+
+def _sample_indices(batch_indices: Sequence[Any] | None) -> list[int] | None:
+    """The dataset indices of a batch's samples, as the sampler drew them (Lightning records them), if known."""
+    try:
+        # An IterableDataset's are all None, and a sampler of the user's may yield anything.
+        return [operator.index(i) for i in batch_indices] if batch_indices else None
+    except TypeError:
+        return None
+
+
+def _batch_size(batch: Any) -> int | None:
+    """The samples in a batch whose indices are unknown: its tensors' first dimension, if it has tensors."""
+    try:
+        return extract_batch_size(batch)
+    except Exception:  # a batch of strings, say: the output's own length decides
+        return None
 
 
 def _ordered_shards(loader: Any) -> bool:
@@ -35,34 +197,55 @@ def _ordered_shards(loader: Any) -> bool:
     return any(isinstance(sampler, EvalShardSampler) for sampler in samplers)
 
 
-def prediction_rows(predictions: torch.Tensor) -> str:
-    """The CSV text, header included, for predictions in dataset order (first dimension: samples)."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["index", "prediction"])
-    writer.writerows((i, _cell(p)) for i, p in enumerate(predictions))
-    return out.getvalue()
+def lists_prediction_writer(callbacks: Any) -> bool:
+    """Whether ``trainer.callbacks`` (one callback, a list, or ``None``) has a prediction writer of its own."""
+    listed = callbacks if isinstance(callbacks, (list, tuple)) else [callbacks]
+    return any(isinstance(callback, BasePredictionWriter) for callback in listed)
 
 
-class PredictionsWriter(L.Callback):
-    """Collect each rank's predictions and let rank 0 write them as ``index,prediction`` rows.
+class PredictionsWriter(BasePredictionWriter):
+    """Collect each rank's predictions, one row per sample, and let rank 0 write them to the run directory.
 
     The parallel layer gives each rank one contiguous, unpadded shard
-    (:class:`~project.parallel.sampling.EvalShardSampler`), so the ranks' outputs in rank order are the
-    dataset order, each sample once. A multi-process ``predict`` over a loader without it is refused.
+    (:class:`~project.parallel.sampling.EvalShardSampler`), so the ranks' rows together are each sample
+    once; each row keeps its sample's index (Lightning records what the sampler drew), and rank 0 writes
+    them sorted by it. A multi-process ``predict`` over a loader without the layer's shards is refused.
+
+    Every batch is split into rows as it comes: on one process an output that cannot be split stops
+    ``predict`` at once; on several, every rank goes on to the end of its shard and all stop together with
+    the first rank's error (a rank that stopped alone would leave the others waiting in the gather).
 
     Args:
         filename: Name of the CSV file inside the run directory.
     """
 
     def __init__(self, filename: str = "predictions.csv") -> None:
+        super().__init__(write_interval="batch")  # Lightning then hands each batch its sample indices
         self.filename = filename
-        self._outputs: list[torch.Tensor] = []
         #: Where the last predictions went (rank 0).
         self.path: Path | None = None
+        self._skip: str | None = None
+        self._last_indices: Any = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._names: list[str] | None = None
+        self._rows: dict[int, list[tuple[int | None, list[Any]]]] = {}  # loader -> (sample index, cells)
+        self._none = 0  # batches for which predict_step returned None
+        self._error: str | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Write nothing for a ``predict_step(dataloader_iter)``: it does not say which samples a step predicted."""
+        # Lightning's own writer refuses it with NotImplementedError: a writer every predict gets must not.
+        takes_iterator = is_param_in_hook_signature(pl_module.predict_step, "dataloader_iter", explicit=True)
+        self._skip = "predict_step takes dataloader_iter" if takes_iterator else None
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Refuse, before predicting, several processes whose shards would not give the dataset order."""
+        if self._skip is not None:
+            if trainer.is_global_zero:
+                sys.stderr.write(f"warning: {self._skip}: no {self.filename} written\n")
+            return
         if trainer.world_size == 1:
             return
         loaders = trainer.predict_dataloaders
@@ -75,24 +258,76 @@ class PredictionsWriter(L.Callback):
 
     def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Start a fresh collection."""
-        self._outputs = []
+        self._reset()
 
-    def on_predict_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, *_: Any
+    def write_on_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        prediction: Any,
+        batch_indices: Sequence[int] | None,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int,
     ) -> None:
-        """Keep this batch's predictions on the CPU."""
-        if isinstance(outputs, torch.Tensor):
-            self._outputs.append(outputs.detach().cpu())
+        """Split this batch's output into rows (cells on the CPU); an output that cannot be split is refused."""
+        if self._skip is not None or self._error is not None:
+            return
+        try:
+            # Lightning leaves the last batch's indices in place for a loader it cannot index: not this batch's.
+            fresh = batch_indices is not self._last_indices
+            self._last_indices = batch_indices
+            self._keep(prediction, _sample_indices(batch_indices) if fresh else None, batch, dataloader_idx)
+        except Unsplittable as error:
+            message = (
+                f"predict_step returned {describe(prediction)} for batch {batch_idx}, which cannot be written "
+                f"as one row per sample: {error}; {self.filename} needs {EXPECTED}"
+            )
+            if trainer.world_size == 1:
+                raise Unsplittable(message) from None
+            self._error = f"rank {trainer.global_rank}: {message}"
+
+    def _keep(self, prediction: Any, indices: list[int] | None, batch: Any, dataloader_idx: int) -> None:
+        if prediction is None:
+            self._none += 1
+        else:
+            names, rows = prediction_table(prediction, len(indices) if indices else _batch_size(batch))
+            if self._names is not None and names != self._names:
+                raise Unsplittable(f"its columns {names} are not the earlier batches' {self._names}")
+            self._names = names
+            self._rows.setdefault(dataloader_idx, []).extend(zip(indices or [None] * len(rows), rows, strict=True))
+        if self._none and self._names is not None:
+            raise Unsplittable("None for some batches and values for others")
 
     def on_predict_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Gather every rank's predictions (uneven shards: gathered as objects) and write them on rank 0."""
-        local = torch.cat(self._outputs) if self._outputs else torch.empty(0)
-        shards = [local]
+        """Gather every rank's rows (uneven shards: gathered as objects) and write them on rank 0."""
+        if self._skip is not None:
+            return
+        local = (self._error, self._names, self._rows, self._none)
+        parts = [local]
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            shards = [torch.empty(0)] * trainer.world_size
-            dist.all_gather_object(shards, local)
-        log_dir = run_directory(trainer)
+            parts = [None] * trainer.world_size
+            dist.all_gather_object(parts, local)
+        # Every rank decides from the same gathered parts: all raise, return or write together.
+        errors = [error for error, *_ in parts if error is not None]
+        if errors:
+            raise Unsplittable(errors[0])
+        names = [part_names for _, part_names, _, _ in parts if part_names is not None]
+        if any(other != names[0] for other in names):
+            raise Unsplittable(f"predict_step returned the columns {names[0]} on one rank and {names[-1]} on another")
+        nones = sum(none for *_, none in parts)
+        if names and nones:
+            raise Unsplittable("predict_step returned None for some batches and values for others")
+        if not names:
+            if trainer.is_global_zero:
+                said = "predict_step returned None for every batch" if nones else "predict had no samples"
+                sys.stderr.write(f"warning: {said}: no {self.filename} written\n")
+            return
+        log_dir = run_directory(trainer)  # a collective: every rank asks
         if not trainer.is_global_zero or log_dir is None:
             return
+        loaders = {
+            k: [row for _, _, rows, _ in parts for row in rows.get(k, [])] for k in set().union(*(p[2] for p in parts))
+        }
         self.path = Path(log_dir) / self.filename
-        atomic_write_text(self.path, prediction_rows(torch.cat([s for s in shards if s.numel()] or [local])))
+        atomic_write_text(self.path, prediction_csv(names[0], loaders, several=len(trainer.num_predict_batches) > 1))

@@ -11,11 +11,13 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
+from project.callbacks.model_checks import unused_parameters_problem
 from project.callbacks.stragglers import StepClock
 from project.check import invariance, probes
 from project.check.report import CheckReport
-from project.errors import RunFailure
+from project.errors import RunFailure, UserError
 from project.parallel.collectives import gather_objects, process_group_size
+from project.parallel.failures import defer_to_rank_zero
 
 #: The fire drill: ``PROJECT_CHECK_FAULT=RANK:exit`` makes that rank exit before it joins,
 #: ``RANK:value`` makes it send a wrong value; a way to see what a failure looks like.
@@ -56,6 +58,7 @@ class SelfCheckCallback(L.Callback):
         self.report: CheckReport | None = None
         self._clock = StepClock()
         self._started = 0.0
+        self._looked_at_gradients = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The probes, in order; a wrong value or different weights stop the check before any timing."""
@@ -99,6 +102,17 @@ class SelfCheckCallback(L.Callback):
         """This rank's own work ends where the gradient all-reduce begins."""
         self._clock.stop()
 
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """After the first backward: parameters DDP would wait for in vain fail the check, as its one-line verdict."""
+        if self._looked_at_gradients:
+            return
+        self._looked_at_gradients = True
+        problem = unused_parameters_problem(trainer, pl_module)
+        if problem is not None:
+            assert self.report is not None
+            self.report.failures.append(str(problem))
+            self._finish(trainer, mistake=True)
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Gather the step times, report, and fail if anything failed."""
         steps = max(1, trainer.global_step - WARMUP_STEPS)
@@ -113,12 +127,21 @@ class SelfCheckCallback(L.Callback):
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.synchronize(trainer.strategy.root_device)
 
-    def _finish(self, trainer: L.Trainer) -> None:
-        """Rank 0 prints and writes the report; every rank raises the same failure (they all know it)."""
+    def _finish(self, trainer: L.Trainer, mistake: bool = False) -> None:
+        """Rank 0 prints and writes the report; every rank raises the same failure (they all know it).
+
+        A ``mistake`` of the configured model (not of the layout) is a :class:`UserError` (exit code 2), said
+        by rank 0 alone when its launcher stops the others.
+        """
         assert self.report is not None
         if trainer.is_global_zero:
             self.report.write(self.out)
             self.report.print()
             print(f"Wrote {self.out}", flush=True)
-        if self.report.failures:
-            raise CheckFailed(f"check failed: {'; '.join(self.report.failures)}; details in {self.out}")
+        if not self.report.failures:
+            return
+        verdict = f"check failed: {'; '.join(self.report.failures)}; details in {self.out}"
+        if mistake:
+            defer_to_rank_zero(trainer)
+            raise UserError(verdict)
+        raise CheckFailed(verdict)

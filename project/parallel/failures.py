@@ -6,6 +6,11 @@ makes the others' collective fail after ``parallel.timeout_s`` ("Timed out"). Ra
 Lightning's own launcher started the other ranks, so it can tell exactly which one died and how;
 any other rank names its peer when there is only one, and otherwise leaves that to the launcher
 (torchrun's report names the failed rank and its exit code).
+
+One user mistake surfaces here too: a parameter that got no gradient under DDP without
+``find_unused_parameters``, which DDP reports at the next step as "Expected to have finished reduction in
+the prior iteration" (Lightning's rewording names ``strategy='ddp_find_unused_parameters_true'``, a
+setting the parallel section refuses). It becomes one line naming ``parallel.find_unused_parameters``.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import nn
 
 from project.errors import RunFailure, UserError
 from project.lightning_private import launched_processes
@@ -31,10 +38,76 @@ _REAP_WAIT_S = 3.0
 # Error texts of gloo, nccl and the TCP store when a peer went away or a collective never completed.
 _LOST_PEER = ("connection reset", "connection closed", "connection refused", "broken pipe", "socket closed")
 _TIMED_OUT = ("timed out", "timeout")
+# DDP's error at the step after a parameter got no gradient, and the words Lightning replaces it with.
+_UNUSED_PARAMETERS = (
+    "expected to have finished reduction in the prior iteration",
+    "parameters that were not used in producing the loss",
+)
+#: Seconds a rank other than 0 that found the mistake rank 0 finds too waits to be stopped by its launcher
+#: (Lightning's stops it at once, torchrun within a second): rank 0 says it in one line, the others would repeat it.
+DEFER_TO_RANK_ZERO_S = 10.0
 
 
 class RankFailure(RunFailure):
     """A rank died or a collective did not complete: one line naming the rank, exit code 1."""
+
+
+class UnusedParametersError(UserError):
+    """Trainable parameters got no gradient under DDP without ``find_unused_parameters``: one line, exit code 2."""
+
+
+def parameters_without_gradient(module: nn.Module, ignored: Collection[str] = ()) -> list[str]:
+    """Names of ``module``'s trainable parameters that have no ``.grad`` (after a backward: that got none)."""
+    return [n for n, p in module.named_parameters() if p.requires_grad and p.grad is None and n not in ignored]
+
+
+def uses_parallel_section(trainer: L.Trainer) -> bool:
+    """Whether the run's layout comes from the ``parallel`` section (its loader callback is installed)."""
+    from project.callbacks.loaders import LoaderGuaranteesCallback  # here: the callbacks import this module
+
+    return any(isinstance(callback, LoaderGuaranteesCallback) for callback in trainer.callbacks)
+
+
+def unused_parameters_error(model: str, names: list[str], when: str, parallel: bool = True) -> UnusedParametersError:
+    """The one line for parameters of ``model`` (their ``names``, if known) that got no gradient in ``when``.
+
+    ``parallel`` says whether the layout comes from the ``parallel`` section, whose setting is then named;
+    with ``parallel: null`` it is Lightning's strategy name.
+    """
+    listed = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    subject = f"{len(names)} parameter(s) of {model} ({listed})" if names else f"a parameter of {model}"
+    setting = (
+        "`parallel.find_unused_parameters: true`" if parallel else "`trainer.strategy: ddp_find_unused_parameters_true`"
+    )
+    return UnusedParametersError(
+        f"{subject} got no gradient in {when}, and DDP needs one for every trainable parameter in every step "
+        f"unless told otherwise; set {setting}, or freeze the parameters that are never trained (requires_grad=False)"
+    )
+
+
+def defer_to_rank_zero(trainer: L.Trainer) -> None:
+    """On a rank other than 0 of several, wait a while before reporting the mistake that rank 0 reports too.
+
+    Every rank finds the same mistake at the same step; rank 0 names it and its launcher stops the others
+    meanwhile, so the run ends with one line. A rank still running after :data:`DEFER_TO_RANK_ZERO_S`
+    (a launcher that does not stop the others, or a mistake only this rank made) then reports it itself.
+    """
+    if trainer.world_size > 1 and trainer.global_rank != 0:
+        time.sleep(DEFER_TO_RANK_ZERO_S)
+
+
+def _unused_parameters(trainer: L.Trainer) -> UnusedParametersError:
+    """DDP's "finished reduction" error, as the one line that names the setting (and the parameters when known)."""
+    module = trainer.lightning_module
+    automatic = module is None or module.automatic_optimization
+    # Automatic optimization leaves the last step's gradients in place until the next backward; manual
+    # optimization may have cleared them, so the parameters are named only under automatic optimization.
+    names = parameters_without_gradient(module) if module is not None and automatic else []
+    # DDP notices at the next forward (automatic), or at the next manual_backward, which Lightning prepares.
+    when = "the previous training step" if automatic else "an earlier backward pass (manual_backward)"
+    defer_to_rank_zero(trainer)
+    model = type(module).__name__ if module is not None else "the model"
+    return unused_parameters_error(model, names, when, uses_parallel_section(trainer))
 
 
 def _how_it_ended(code: int) -> str:
@@ -70,17 +143,20 @@ def explain_rank_failure(
     timeout_s: float | None,
     timeout_name: str = "parallel.timeout_s",
     then: str = "then resume with `fit --ckpt_path last`",
-) -> RankFailure | None:
+) -> RankFailure | UnusedParametersError | None:
     """A one-line :class:`RankFailure` for ``error`` if it is a lost or stuck rank, else ``None``.
 
     Call it in the rank that caught ``error``, before its launcher's children are stopped, so that a
     child that died first is told apart from the ones stopped afterwards. ``timeout_name`` is the
-    setting that holds ``timeout_s``; ``then`` is what to do once the cause is fixed.
+    setting that holds ``timeout_s``; ``then`` is what to do once the cause is fixed. DDP's error for a
+    parameter that got no gradient is an :class:`UnusedParametersError` (a user mistake, exit code 2).
     """
     world_size = getattr(trainer, "world_size", 1) if trainer is not None else 1
     if world_size <= 1 or isinstance(error, (RunFailure, UserError)) or not isinstance(error, RuntimeError):
         return None
     text = str(error).lower()
+    if any(s in text for s in _UNUSED_PARAMETERS):  # before the children: they stopped for the same reason
+        return _unused_parameters(trainer)
     lost, timed_out = any(s in text for s in _LOST_PEER), any(s in text for s in _TIMED_OUT)
     rank = trainer.global_rank
     # A child that broke the connection is dead, or about to be reaped; a stuck one never exits.

@@ -115,7 +115,7 @@ def optimizer_of(model: nn.Module, section: Mapping[str, Any] | None) -> tuple[t
 
 
 def _accepted(cls: type, defaults: dict[str, Any]) -> dict[str, Any]:
-    """The ``defaults`` an optimizer's constructor takes: some keep derived ones (AdamW's ``decoupled_weight_decay``)."""
+    """The ``defaults`` an optimizer's constructor takes (AdamW keeps a derived ``decoupled_weight_decay``)."""
     parameters = inspect.signature(cls.__init__).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return defaults

@@ -1,0 +1,112 @@
+"""What a LightningModule does that its layout cannot run, said in one line before it costs a traceback.
+
+- Parameters that get no gradient (a GAN's other half, a head only some steps use) under DDP without
+  ``find_unused_parameters``: DDP waits for every trainable parameter's gradient and fails at the *next*
+  step, from every rank, with a hint naming a Lightning strategy the ``parallel`` section refuses.
+  :class:`UnusedParametersCheck` looks once, after the first backward and before the first optimizer
+  step, so the refused run leaves nothing behind, and names the parameters and
+  ``parallel.find_unused_parameters``. Later steps are covered by :mod:`project.parallel.failures`.
+- Manual optimization (``automatic_optimization = False``) with gradient accumulation, which Lightning
+  refuses at ``fit`` naming ``Trainer(accumulate_grad_batches=N)``, a setting the plan wrote:
+  :func:`refuse_manual_accumulation` refuses it before any process starts, naming the ``parallel`` setting.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import lightning as L
+from torch.nn.parallel import DistributedDataParallel
+
+from project.errors import UserError
+from project.parallel.failures import (
+    UnusedParametersError,
+    defer_to_rank_zero,
+    parameters_without_gradient,
+    unused_parameters_error,
+    uses_parallel_section,
+)
+
+if TYPE_CHECKING:
+    from project.parallel.config import ParallelConfig
+    from project.parallel.plan import Plan
+
+
+def _ddp_needing_every_gradient(trainer: L.Trainer) -> DistributedDataParallel | None:
+    """The DDP wrapper when it expects a gradient for every trainable parameter in every step, else ``None``."""
+    ddp = trainer.strategy.model
+    if not isinstance(ddp, DistributedDataParallel) or ddp.find_unused_parameters or ddp.static_graph:
+        return None
+    return ddp
+
+
+def unused_parameters_problem(trainer: L.Trainer, pl_module: L.LightningModule) -> UnusedParametersError | None:
+    """After the first backward: the error for trainable parameters DDP would wait for in vain, else ``None``.
+
+    Only under automatic optimization: a manual ``training_step`` may call backward once per optimizer,
+    each on part of the model, which DDP can accept when the parts add up to the whole within the step.
+    """
+    ddp = _ddp_needing_every_gradient(trainer)
+    if ddp is None or not pl_module.automatic_optimization:
+        return None
+    names = parameters_without_gradient(pl_module, ddp.parameters_to_ignore)
+    if not names:
+        return None
+    return unused_parameters_error(
+        type(pl_module).__name__, names, "the first training step", uses_parallel_section(trainer)
+    )
+
+
+class UnusedParametersCheck(L.Callback):
+    """Refuse, after the first backward, a model whose trainable parameters DDP would wait for in vain.
+
+    Costs nothing per step: the hook removes itself after that one look (Lightning calls only callable
+    hooks, ``project.lightning_private`` item 4), or at the start of training when the run is not DDP.
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Not DDP waiting for every gradient (one process, FSDP, find_unused_parameters): nothing to look at."""
+        if _ddp_needing_every_gradient(trainer) is None or not pl_module.automatic_optimization:
+            self.on_after_backward = None  # type: ignore[assignment]
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Name the parameters the first backward gave no gradient, before the optimizer steps."""
+        self.on_after_backward = None  # type: ignore[assignment]  # once: the first step shows the graph
+        error = unused_parameters_problem(trainer, pl_module)
+        if error is not None:
+            defer_to_rank_zero(trainer)
+            raise error
+
+
+def refuse_manual_accumulation(
+    model: L.LightningModule | None, accumulation: int, settings: ParallelConfig | None, plan: Plan | None
+) -> None:
+    """Refuse gradient accumulation for a module that optimizes manually, naming the setting that asked for it.
+
+    Args:
+        model: The built module (``None``: nothing to check).
+        accumulation: Micro-batches per optimizer step the Trainer would be given.
+        settings: The ``parallel`` section (``None``: plain Lightning, ``trainer.accumulate_grad_batches``).
+        plan: The resolved plan (its world size and per-device batch say where a derived accumulation comes from).
+
+    Raises:
+        UserError: ``accumulation`` > 1 and ``model.automatic_optimization`` is False.
+    """
+    if model is None or model.automatic_optimization or accumulation <= 1:
+        return
+    if settings is None or plan is None:
+        setting, fix = f"trainer.accumulate_grad_batches={accumulation}", "drop trainer.accumulate_grad_batches"
+    elif settings.accumulation is not None:
+        setting, fix = f"parallel.accumulation={accumulation}", "set parallel.accumulation: 1"
+    else:  # decided by global_batch_size over per_device_batch_size x world size
+        one_step = (plan.per_device_batch_size or 0) * plan.world_size
+        setting = (
+            f"parallel.global_batch_size={plan.global_batch_size} (per_device_batch_size {plan.per_device_batch_size}"
+            f" x world size {plan.world_size} x accumulation {accumulation})"
+        )
+        fix = f"set parallel.global_batch_size: {one_step} (or drop per_device_batch_size)"
+    raise UserError(
+        f"{setting} accumulates gradients over {accumulation} batches per optimizer step, which Lightning does "
+        f"only under automatic optimization, and {type(model).__name__} sets `automatic_optimization = False`; "
+        f"{fix}, and if it should accumulate, step its optimizers every {accumulation} batches in training_step"
+    )
