@@ -14,6 +14,9 @@ of each tensor lies) and Lightning's ``meta.pt`` (everything else: loops, callba
 - **Any world size.** DCP reshards on load (2 -> 4 processes), and :func:`load_full_checkpoint` merges the
   shards into an ordinary Lightning checkpoint in one process, which is how one process (or DDP) resumes
   a sharded checkpoint and what ``python -m project consolidate`` writes.
+- **Exact.** A parameter that never got a gradient (a head ``forward`` does not use) has no optimizer state in
+  the checkpoint and none after loading it, as in the run that wrote it. A load is "incomplete or corrupt" only
+  when reading fails; a key or shape of the model or optimizer that the checkpoint lacks "does not fit".
 """
 
 from __future__ import annotations
@@ -24,14 +27,20 @@ import os
 import pickle
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import (
+    CheckpointException,
+    DefaultLoadPlanner,
+    DefaultSavePlanner,
+    FileSystemReader,
+    FileSystemWriter,
+)
 
 # dcp_to_torch_save's planner and loader: the public way to read a DCP folder into one process without
 # process group, minus its unrestricted unpickling (torch has no public name for either).
@@ -47,6 +56,10 @@ DCP_METADATA = ".metadata"
 LIGHTNING_META = "meta.pt"
 _WEIGHTS = "state_dict"
 _OPTIMIZER = "optimizer_{}"
+#: What a DCP load raises: any error, or its CheckpointException (a BaseException that gathers every rank's failure).
+_LOAD_ERRORS = (Exception, CheckpointException)
+#: The DCP step whose failure means the state to load does not fit the checkpoint (a key or a shape it lacks).
+_PLAN_STEP = "plan"
 
 # The classes DCP's .metadata pickles (torch 2.13), by (module, name).
 _METADATA_CLASSES = {
@@ -153,6 +166,13 @@ def _causes(error: BaseException) -> list[BaseException]:
     return found
 
 
+def _reason(error: BaseException) -> str:
+    """The first line of what really failed (a rank's error rather than DCP's CheckpointException around it)."""
+    causes = [e for e in _causes(error) if not isinstance(e, CheckpointException)] or [error]
+    text = (str(causes[0]).strip().splitlines() or [type(causes[0]).__name__])[0].rstrip(".")
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def _unsafe_error(path: Path, error: BaseException) -> UserError:
     """One line for a sharded checkpoint that did not load: refused by the pickle policy, or damaged."""
     causes = _causes(error)
@@ -164,7 +184,15 @@ def _unsafe_error(path: Path, error: BaseException) -> UserError:
             f"'{path}' holds pickled objects beyond tensors and plain containers, which only arbitrary code can "
             f"load, so weights_only=True refuses them; if you trust the checkpoint, rerun with {ALLOW_PICKLE_ENV}=1"
         )
-    return UserError(f"sharded checkpoint '{path}' is incomplete or corrupt and cannot be loaded ({error})")
+    return UserError(f"sharded checkpoint '{path}' is incomplete or corrupt and cannot be loaded ({_reason(error)})")
+
+
+def _misfit_error(path: Path, error: BaseException) -> UserError:
+    """One line for a sound checkpoint whose keys or shapes are not those of the model and optimizers."""
+    return UserError(
+        f"checkpoint '{path}' does not fit this model or its optimizer ({_reason(error)}); load it with the "
+        "model and optimizer configuration that wrote it"
+    )
 
 
 def read_metadata(path: str | os.PathLike[str]) -> Any:
@@ -231,7 +259,7 @@ def load_full_checkpoint(path: str | os.PathLike[str], weights_only: bool = Fals
     merged: dict[str, Any] = {}
     try:
         _load_state_dict(merged, storage_reader=SafeReader(folder), planner=_SafeEmptyPlanner(keys=keys), no_dist=True)
-    except Exception as error:
+    except _LOAD_ERRORS as error:
         raise _unsafe_error(folder, error) from error
     optimizers = [merged[_OPTIMIZER.format(i)] for i in range(len(merged)) if _OPTIMIZER.format(i) in merged]
     checkpoint = {**meta, _WEIGHTS: merged.get(_WEIGHTS, {})}
@@ -247,12 +275,46 @@ def checkpoint_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     return load_lightning_checkpoint(path)[_WEIGHTS]
 
 
+def _key_parents(keys: Iterable[str]) -> set[str]:
+    """Every dotted prefix of every key: ``a.b.c`` -> ``a``, ``a.b``."""
+    parents: set[str] = set()
+    for key in keys:
+        end = key.find(".")
+        while end != -1:
+            parents.add(key[:end])
+            end = key.find(".", end + 1)
+    return parents
+
+
+def _saved_state_only(optimizer_state: dict[str, Any], key: str, saved: Iterable[str]) -> dict[str, Any]:
+    """An optimizer state dict (keyed by parameter names) without the parameters the checkpoint holds no state for.
+
+    An optimizer has state only for the parameters it has updated: one that never got a gradient (a head that
+    ``forward`` does not use, a branch not taken yet) has none in the checkpoint, and must have none after the
+    load either, as in the run that wrote it. ``get_optimizer_state_dict`` of a fresh optimizer makes state up
+    for every parameter (one step with zero gradients), which DCP would then look for in the checkpoint.
+
+    Args:
+        optimizer_state: ``get_optimizer_state_dict``'s ``{"state": {name: {...}}, "param_groups": [...]}``.
+        key: The optimizer's key in the checkpoint (``optimizer_0``).
+        saved: The checkpoint's keys (DCP's flattened ``optimizer_0.state.<name>.<field>``).
+    """
+    parents = _key_parents(saved)
+    state = optimizer_state.get("state", {})
+    kept = {name: value for name, value in state.items() if f"{key}.state.{name}" in parents}
+    return {**optimizer_state, "state": kept}
+
+
 def load_sharded_into(
     path: Path, module: nn.Module, optimizers: Sequence[torch.optim.Optimizer], strict: bool = True
 ) -> dict[str, Any]:
     """Load a sharded checkpoint into a sharded ``module`` and its ``optimizers`` (every rank: collectives).
 
-    DCP reads each rank's part of every tensor, whatever world size wrote the checkpoint. Returns ``meta.pt``.
+    DCP reads each rank's part of every tensor, whatever world size wrote the checkpoint. A parameter that the
+    checkpoint holds no optimizer state for (it never got a gradient) has none after the load. Returns ``meta.pt``.
+
+    Raises:
+        UserError: refused by the pickle policy, damaged, or not the checkpoint of this model and optimizers.
     """
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -262,18 +324,93 @@ def load_sharded_into(
         set_optimizer_state_dict,
     )
 
-    read_metadata(path)  # the pickle policy first, in one line
+    saved = read_metadata(path).state_dict_metadata.keys()  # the pickle policy first, in one line
+    weights = {_WEIGHTS: get_model_state_dict(module)}
+    _dcp_load(path, weights)
     try:
-        weights = {_WEIGHTS: get_model_state_dict(module)}
-        dcp.load(weights, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
         set_model_state_dict(module, weights[_WEIGHTS], options=StateDictOptions(strict=strict))
-        for i, optimizer in enumerate(optimizers):
-            state = {_OPTIMIZER.format(i): get_optimizer_state_dict(module, optimizer)}
-            dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
-            set_optimizer_state_dict(module, optimizer, state[_OPTIMIZER.format(i)])
     except Exception as error:
-        raise _unsafe_error(path, error) from error
+        raise _misfit_error(path, error) from error
+    for i, optimizer in enumerate(optimizers):
+        key = _OPTIMIZER.format(i)
+        state = {key: _saved_state_only(get_optimizer_state_dict(module, optimizer), key, saved)}
+        _dcp_load(path, state)
+        try:
+            # Not strict: the parameters left without state are exactly those the checkpoint has none for.
+            set_optimizer_state_dict(module, optimizer, state[key], options=StateDictOptions(strict=False))
+        except Exception as error:
+            raise _misfit_error(path, error) from error
     return safe_load(path / LIGHTNING_META)
+
+
+def _by_name(optimizer_state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """An optimizer state keyed by position (``Optimizer.state_dict``) keyed by the parameters' ``names`` instead."""
+    if all(isinstance(key, str) for key in optimizer_state.get("state", {})):
+        return optimizer_state  # keyed by name already
+    groups = optimizer_state.get("param_groups", [])
+    positions = [i for group in groups for i in group["params"]]
+    if sorted(positions) != list(range(len(names))):
+        raise ValueError(f"the checkpoint's optimizer has {len(positions)} parameters, this one {len(names)}")
+    return {
+        "state": {names[i]: value for i, value in optimizer_state.get("state", {}).items()},
+        "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in groups],
+    }
+
+
+def load_full_into(
+    path: Path,
+    checkpoint: dict[str, Any],
+    module: nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    strict: bool = True,
+) -> None:
+    """Load an ordinary (full) Lightning checkpoint into a sharded ``module`` and its ``optimizers`` (every rank).
+
+    Every rank holds the whole ``checkpoint`` (read from ``path``) and keeps its shard of each tensor. Its optimizer
+    states are keyed by position, as DDP, one process and ``consolidate`` write them; a parameter that one holds no
+    state for (it never got a gradient) has none after the load, as in the run that wrote it.
+
+    Raises:
+        UserError: the checkpoint's weights or optimizer state are not those of this model and optimizers.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    try:
+        set_model_state_dict(
+            module, checkpoint[_WEIGHTS], options=StateDictOptions(full_state_dict=True, strict=strict)
+        )
+        for optimizer, saved in zip(optimizers, checkpoint.get("optimizer_states", [])):
+            # The names in the optimizer's order, as torch's state-dict functions spell them.
+            template = get_optimizer_state_dict(module, optimizer)
+            names = [name for group in template["param_groups"] for name in group["params"]]
+            state = _by_name(saved, names)
+            # Not strict: the parameters without state are dropped below, as in the checkpoint.
+            options = StateDictOptions(full_state_dict=True, strict=False)
+            set_optimizer_state_dict(module, optimizer, state, options=options)
+            params = [param for group in optimizer.param_groups for param in group["params"]]
+            for name, param in zip(names, params):
+                if name not in state["state"]:
+                    # torch gave every parameter of a fresh optimizer state (a step with zero gradients).
+                    optimizer.state.pop(param, None)
+    except Exception as error:
+        raise _misfit_error(path, error) from error
+
+
+def _dcp_load(path: Path, state: dict[str, Any]) -> None:
+    """DCP's load of ``state``'s keys from ``path`` (every rank), read safely; every failure is one line."""
+    try:
+        dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
+    except _LOAD_ERRORS as error:
+        # DCP plans the load from the index (read before, so readable) before it reads a byte: a failure there
+        # is a key or a shape of this model or optimizer that the checkpoint lacks, not damage.
+        planning = isinstance(error, CheckpointException) and error.args[:1] == (_PLAN_STEP,)
+        refused = any(isinstance(e, (UserError, pickle.UnpicklingError)) for e in _causes(error))
+        raise (_misfit_error(path, error) if planning and not refused else _unsafe_error(path, error)) from error
 
 
 def _fsync_folder(folder: Path) -> None:

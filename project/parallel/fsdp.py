@@ -41,9 +41,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
-from project.checkpoints.sharded import is_sharded_checkpoint, load_sharded_into, save_sharded
+from project.checkpoints.sharded import is_sharded_checkpoint, load_full_into, load_sharded_into, save_sharded
 from project.errors import UserError
 from project.lightning_private import set_mesh_sizes
 
@@ -339,12 +340,22 @@ class FSDPStrategy(ModelParallelStrategy):
         save_sharded(checkpoint, path, token, self.is_global_zero, self.barrier)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """A sharded checkpoint, resharded onto this world size (read safely); a plain file, as Lightning loads it."""
+        """A sharded checkpoint, resharded onto this world size, or a plain file, sharded here (both read safely).
+
+        The optimizer state is read for ``fit`` only: the test of the best checkpoint after a fit, in the same
+        process, has the fit's optimizers still, and needs none of their state (as Lightning's FSDP strategy).
+        """
         path = Path(self.broadcast(str(checkpoint_path)))
-        if not is_sharded_checkpoint(path):
-            return super().load_checkpoint(path, weights_only=weights_only)
         assert self.model is not None and self.lightning_module is not None
-        return load_sharded_into(path, self.model, self.optimizers, strict=self.lightning_module.strict_loading)
+        fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
+        optimizers = self.optimizers if fitting else []
+        strict = self.lightning_module.strict_loading
+        if is_sharded_checkpoint(path):
+            return load_sharded_into(path, self.model, optimizers, strict=strict)
+        # A file (DDP's, one process's, consolidate's): the CLI's read of it, not Lightning's second one.
+        checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
+        load_full_into(path, checkpoint, self.model, optimizers, strict=strict)
+        return checkpoint
 
     def teardown(self) -> None:
         """Lightning's teardown, plus the checkpoint IO's (ModelParallelStrategy skips it): queued removals finish."""
