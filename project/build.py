@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import warnings
 from dataclasses import replace
 from functools import partial
@@ -34,7 +35,7 @@ from project.config_errors import ProjectArgumentParser, root_cause
 from project.errors import UserError
 from project.parallel.compile import CompileAfterWrap
 from project.parallel.config import Hardware, ParallelConfig
-from project.parallel.environment import detect_environment
+from project.parallel.environment import detect_environment, refuse_stray_rank
 from project.parallel.plan import Plan, resolve_plan
 from project.parallel.threads import apply_cpu_threads
 from project.runs import run_of_config
@@ -53,6 +54,8 @@ PLAN_OWNED_TRAINER_KEYS = (
 RUN_OPTIONS = ("ckpt_path", "resume", "test_after_fit", "assume_gpus", "json")
 # LightningCLI warns when it is given args while sys.argv has some; main() passes what it parsed on purpose.
 warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
+# Said in one line by say_replaced_optimizer, which also names the way out.
+warnings.filterwarnings("ignore", message=r"`.*configure_optimizers` will be overridden by")
 
 
 class NoProfiler(PassThroughProfiler):
@@ -94,6 +97,24 @@ def unpin_versions(trainer: Namespace) -> None:
         init_args = logger.get("init_args") if isinstance(logger, Namespace) else None
         if isinstance(init_args, Namespace) and init_args.get("version") is not None:
             init_args.version = None
+
+
+def say_replaced_optimizer(model: L.LightningModule | None, optimizer: Any) -> None:
+    """One line, before training, when the config's ``optimizer:`` section replaces the module's own optimizers.
+
+    LightningCLI puts the section's optimizer (and ``lr_scheduler:``) in place of ``configure_optimizers``; a user
+    who started from ``configs/digits.yaml`` would otherwise train with AdamW without knowing.
+    """
+    if model is None or not isinstance(optimizer, Namespace) or not optimizer.get("class_path"):
+        return
+    if type(model).configure_optimizers is L.LightningModule.configure_optimizers:
+        return  # the module leaves its optimizer to the config, as Classifier does
+    if rank_zero_only.rank == 0:
+        sys.stderr.write(
+            f"note: the config's optimizer: section ({optimizer.class_path}) replaces "
+            f"{type(model).__name__}.configure_optimizers; to keep the module's own, drop optimizer:/lr_scheduler: "
+            "(configs/own_module.yaml has neither)\n"
+        )
 
 
 def wants_template_progress_bar(trainer_config: dict[str, Any]) -> bool:
@@ -178,6 +199,8 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """Choose the checkpoint and resolve the layout, before anything is built."""
         config = self.config
+        if self.command != "plan":
+            refuse_stray_rank(detect_environment())
         if self.command not in ("plan", "check"):
             run = run_of_config(config.get("config") or [])
             self.chosen = choose_checkpoint(self.command, config.ckpt_path, config.get("resume"), config.trainer, run)
@@ -266,6 +289,8 @@ class ProjectCLI(LightningCLI):
         if self.command in ("fit", "check"):  # before any process starts; evaluation never accumulates
             settings = self.plan_inputs[0] if self.plan_inputs is not None else None
             refuse_manual_accumulation(self.model, self.trainer.accumulate_grad_batches, settings, self.plan)
+        if self.command == "fit":
+            say_replaced_optimizer(self.model, self.config.get("optimizer"))
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The Trainer, with the plan's layout, atomic checkpoint IO and the template's callbacks."""

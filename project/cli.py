@@ -34,7 +34,7 @@ from project.consolidate import consolidate
 from project.errors import UserError, run_reporting_user_errors
 from project.lightning_private import stop_launched_processes
 from project.parallel.environment import LEGACY_FLAG_ENV, strip_legacy_local_rank
-from project.parallel.failures import error_from_worker, explain_rank_failure
+from project.parallel.failures import defer_to_rank_zero, error_from_worker, explain_rank_failure
 from project.parallel.ray_job import run_on_ray, submits_to_ray
 from project.plan_command import print_plan
 from project.runs import reserve_run_directory, run_directory
@@ -176,7 +176,8 @@ class RunDirectoryGuard:
             UserError: a run that does not continue would write into a folder that already holds a run.
         """
         logger = trainer.logger
-        if logger is None or not getattr(logger, "log_dir", None):
+        # root_dir first: asking for log_dir would make the logger choose its version by listing the folders.
+        if logger is None or not (getattr(logger, "root_dir", None) or getattr(logger, "log_dir", None)):
             return cls(None)
         root = Path(getattr(logger, "root_dir", None) or Path(logger.log_dir).parent)
         parents = (root, root.parent)
@@ -268,6 +269,7 @@ def run_command(command: str, cli: ProjectCLI) -> None:
         stop_launched_processes(trainer.strategy)
         trained = command == "fit" and trainer.global_step > start_step
         if isinstance(failure or error, UserError):
+            defer_to_rank_zero(trainer)  # every rank refuses alike: rank 0 says it once and stops the others
             if trained:  # a finished (or started) training is never undone: say what failed, keep every file
                 kept = f"; everything it wrote is kept in {guard.run_dir}" if guard.run_dir is not None else ""
                 failure = UserError(f"training reached step {trainer.global_step}{kept}, then: {failure or error}")

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from project.errors import UserError
 from project.lightning_private import choose_version, unchosen_version
 
 
@@ -60,18 +61,26 @@ def reserve_run_directory(logger: Any) -> Path | None:
 
     Returns:
         The folder created, or ``None`` when the logger has its version already or writes to a remote store.
+
+    Raises:
+        UserError: the folder cannot be created (a read-only or full disk, a file in the way).
     """
     version = unchosen_version(logger)
     root = getattr(logger, "root_dir", None)
     if version is None or root is None or "://" in str(root):
         return None
-    Path(root).mkdir(parents=True, exist_ok=True)
     while True:
         folder = Path(root) / f"version_{version}"
         try:
+            Path(root).mkdir(parents=True, exist_ok=True)
             folder.mkdir()
         except FileExistsError:
             version += 1
             continue
+        except OSError as error:  # read-only, full, or a file where a folder should be
+            raise UserError(
+                f"cannot create the run directory {folder} ({error.strerror or error}); point the logger's save_dir "
+                "at a writable folder (--trainer.logger.init_args.save_dir PATH)"
+            ) from error
         choose_version(logger, version)
         return folder

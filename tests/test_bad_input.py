@@ -148,6 +148,17 @@ CASES = {
     "precision-16-mixed-on-cpu": Case(
         ("fit", *BASE, "--parallel.precision", "16-mixed"), ("precision='16-mixed'", "needs GPUs", "bf16-mixed")
     ),
+    # Issue 23: nothing a user trained is lost, every mistake one line.
+    "log-folder-not-writable": Case(
+        ("fit", *BASE, "--trainer.logger.init_args.save_dir", "{tmp}/notes.txt/logs"),
+        ("cannot create the run directory", "notes.txt/logs", "save_dir"),
+    ),
+    "a-new-run-into-a-folder-holding-one": Case(
+        ("fit", *BASE, "--trainer.logger.init_args.version", "version_0"),
+        ("logs/digits/version_0 already holds a run", "--resume auto"),
+    ),
+    "a-stray-rank-in-the-environment": Case(("fit", *BASE), ("RANK=1", "no launcher", "unset RANK"), env={"RANK": "1"}),
+    "cpu-threads-below-one": Case(("fit", *BASE, "--parallel.cpu_threads", "0"), ("parallel.cpu_threads=0", ">= 1")),
     "trainer-precision-beside-the-parallel-section": Case(
         ("fit", *BASE, "--trainer.precision", "bf16-mixed"), ("trainer.precision='bf16-mixed'", "parallel")
     ),
@@ -226,3 +237,21 @@ def test_bad_input_is_one_clear_line_and_touches_nothing(outcomes, name):
     for word in case.absent:
         assert word not in errors[0], f"{word!r} in: {errors[0]}"
     assert outcome["after"] == outcome["before"], "the existing run directory changed or a new version appeared"
+
+
+@pytest.mark.distributed
+def test_a_rendezvous_port_in_use_is_named_not_blamed_on_a_rank(tmp_path):
+    """MASTER_PORT taken by another process: one line naming the port, exit 2, no run directory left."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli(["fit", *BASE, "--config", CPU_DDP], tmp_path, env={"MASTER_PORT": str(port)})
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"MASTER_PORT={port} is already in use" in errors[0], result.stderr[-3000:]
+    assert "died" not in errors[0]
+    assert not (tmp_path / "logs" / "digits").exists() or not run_dirs(tmp_path)

@@ -62,15 +62,17 @@ def test_a_runs_config_starts_new_runs_and_means_that_run(two_runs, tmp_path):
     assert len(run_dirs(two_runs)) == 4  # the fit and the validate each got their own new version
 
 
-def test_a_pinned_version_that_holds_a_run_is_refused(two_runs):
-    """A fit (or test) told to write into an existing run, without resuming it, is one line; nothing changes."""
-    run_a = two_runs / "logs" / "digits" / "version_0"
-    before = file_hashes(two_runs / "logs")
-    result = run_cli(["fit", *SHORT, "--trainer.logger.init_args.version", "version_0"], two_runs)
-    assert_clean_error(result, f"{Path('logs/digits/version_0')}", "already holds a run", "--resume auto")
-    assert result.returncode == 2
-    assert file_hashes(two_runs / "logs") == before
-    assert run_a.is_dir()
+def test_two_fits_started_at_once_get_their_own_run_directories(tmp_path):
+    """Two fits of one run name, started side by side in one folder: version_0 and version_1, one run each."""
+    args = ["fit", *SHORT, "--trainer.max_steps", "2", "--test_after_fit", "false"]
+    results = two_at_a_time(lambda: run_cli(args, tmp_path), lambda: run_cli(args, tmp_path))
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    runs = run_dirs(tmp_path)
+    assert [run.name for run in runs] == ["version_0", "version_1"]
+    for run in runs:
+        assert len(list(run.glob("events.out.tfevents.*"))) == 1
+        assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "config.yaml").is_file()
 
 
 def test_a_failure_after_training_keeps_every_file(tmp_path):
@@ -198,3 +200,18 @@ def test_an_export_naming_anything_but_a_network_is_refused_and_runs_nothing(tmp
         with pytest.raises(UserError, match=r"not an nn\.Module subclass"):
             rebuild(folder)
     assert not marker.exists()
+
+
+def test_the_cli_reserves_the_run_directory_before_lightning_lists_the_folders(tmp_path, monkeypatch):
+    """The guard of a run creates version_<n> itself (mkdir), so Lightning never picks a version by listing."""
+    from project.build import ProjectCLI
+    from project.cli import RunDirectoryGuard
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "logs" / "digits" / "version_0").mkdir(parents=True)
+    cli = ProjectCLI("fit", ["--config", DIGITS, "--config", FAST])
+    guard = RunDirectoryGuard.of(cli.trainer, continuing=False)
+    assert guard.run_dir == Path("logs/digits/version_1") and guard.run_dir.is_dir()
+    assert cli.trainer.logger.version == 1
+    guard.undo()  # refused before training: the reserved folder goes again
+    assert not guard.run_dir.exists() and (tmp_path / "logs" / "digits" / "version_0").is_dir()

@@ -6,6 +6,8 @@
   prove that a failure after training keeps everything the run wrote.
 - :class:`ShuffledStreamDigits`: a training stream that reshuffles on every pass and keeps its pass count in
   ``state_dict``, as a stateful streaming dataset does.
+- :class:`TinyLM` on :class:`CharWindowsData`: a language model with dict batches, its own optimizer, no test
+  step, and a dict per sample from ``predict_step``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Iterator
 import lightning as L
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
 from user_code import PlainDigits
 
 from project.errors import UserError
@@ -97,3 +99,72 @@ class ShuffledStreamDigits(PlainDigits):
     def train_dataloader(self) -> DataLoader:
         """A stateful stream."""
         return DataLoader(ShuffledStream(self.train), batch_size=self.bs)
+
+
+class CharWindows(Dataset):
+    """Windows of a repeating character sequence as dict samples ``{"tokens": LongTensor[block + 1]}``."""
+
+    def __init__(self, length: int = 600, block: int = 8, vocab: int = 12) -> None:
+        text = torch.arange(length + block + 1) % vocab
+        self.windows = text.unfold(0, block + 1, 1)[:length]
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        return {"tokens": self.windows[index]}
+
+
+class CharWindowsData(L.LightningDataModule):
+    """Train/val/predict splits of :class:`CharWindows`, batched as dicts by the default collate."""
+
+    def __init__(self, batch_size: int = 16) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
+    def setup(self, stage: str | None = None) -> None:
+        """Split by position."""
+        data = CharWindows()
+        self.train, self.val = Subset(data, range(500)), Subset(data, range(500, 600))
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled."""
+        return DataLoader(self.train, batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        """In order."""
+        return DataLoader(self.val, batch_size=self.batch_size)
+
+    def predict_dataloader(self) -> DataLoader:
+        """The validation windows."""
+        return DataLoader(self.val, batch_size=self.batch_size)
+
+
+class TinyLM(L.LightningModule):
+    """A next-token model on dict batches: loss in ``training_step``, a dict per sample from ``predict_step``."""
+
+    def __init__(self, vocab: int = 12, width: int = 16) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Embedding(vocab, width), nn.Linear(width, vocab))
+
+    def _loss(self, batch: dict[str, Tensor]) -> Tensor:
+        tokens = batch["tokens"]
+        logits = self.net(tokens[:, :-1])
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        """Next-token cross-entropy."""
+        return self._loss(batch)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        """Validation loss."""
+        self.log("val/loss", self._loss(batch), sync_dist=True)
+
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """The predicted token after each window's last one, and its probability."""
+        probs = self.net(batch["tokens"][:, -1]).softmax(-1)
+        return {"next_token": probs.argmax(-1), "probability": probs.max(-1).values}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """Its own AdamW."""
+        return torch.optim.AdamW(self.parameters(), lr=0.05)

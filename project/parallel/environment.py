@@ -167,6 +167,20 @@ def detect_environment(environ: Mapping[str, str] | None = None) -> LaunchEnviro
     )
 
 
+def refuse_stray_rank(environment: LaunchEnvironment) -> None:
+    """Refuse a ``RANK`` other than 0 that no launcher set: the process would drop every log as a non-zero rank.
+
+    Raises:
+        UserError: ``RANK`` is set in the shell, but nothing says which launcher started this process.
+    """
+    if environment.launcher == LIGHTNING and environment.rank not in (None, 0) and environment.local_rank is None:
+        raise UserError(
+            f"RANK={environment.rank} is set in the environment, but no launcher started this process (no "
+            "LOCAL_RANK, TORCHELASTIC_RUN_ID or SLURM job): it would run as rank "
+            f"{environment.rank} and write no logs; `unset RANK`, or start the ranks with torchrun"
+        )
+
+
 def requested_launcher(asked: str, environment: LaunchEnvironment) -> LaunchEnvironment:
     """The environment a plan resolves against, given ``parallel.launcher``.
 

@@ -16,6 +16,7 @@ setting the parallel section refuses). It becomes one line naming ``parallel.fin
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import signal
 import subprocess
@@ -137,13 +138,21 @@ def _failed_children(strategy: Any, wait_s: float) -> list[tuple[int, subprocess
         time.sleep(0.05)
 
 
+# Rank 0 hosts the rendezvous store on MASTER_PORT; a port already taken fails its listen.
+_PORT_IN_USE = ("failed to listen on any local network address", "address already in use")
+
+
+class PortInUseError(UserError):
+    """The rendezvous port is taken: a setting to change, not a rank that died."""
+
+
 def explain_rank_failure(
     error: BaseException,
     trainer: L.Trainer | None,
     timeout_s: float | None,
     timeout_name: str = "parallel.timeout_s",
     then: str = "then resume with `fit --ckpt_path last`",
-) -> RankFailure | UnusedParametersError | None:
+) -> RankFailure | UserError | None:
     """A one-line :class:`RankFailure` for ``error`` if it is a lost or stuck rank, else ``None``.
 
     Call it in the rank that caught ``error``, before its launcher's children are stopped, so that a
@@ -157,6 +166,12 @@ def explain_rank_failure(
     text = str(error).lower()
     if any(s in text for s in _UNUSED_PARAMETERS):  # before the children: they stopped for the same reason
         return _unused_parameters(trainer)
+    if any(s in text for s in _PORT_IN_USE):  # rank 0 could not host the rendezvous: no rank died
+        port = os.environ.get("MASTER_PORT", "the rendezvous port")
+        return PortInUseError(
+            f"MASTER_PORT={port} is already in use on this machine (another run, or a process left over from one), "
+            "so the rendezvous could not start; choose a free port, or unset MASTER_PORT and the launcher picks one"
+        )
     lost, timed_out = any(s in text for s in _LOST_PEER), any(s in text for s in _TIMED_OUT)
     rank = trainer.global_rank
     # A child that broke the connection is dead, or about to be reaped; a stuck one never exits.
