@@ -6,7 +6,6 @@ So a plain Python process (e.g. one that rebuilds an exported network) sees the 
 from __future__ import annotations
 
 import torch
-from sklearn.datasets import load_diabetes
 from torch.utils.data import TensorDataset
 
 from project.data.arrays import seeded_split, split_sizes
@@ -31,6 +30,8 @@ def diabetes_tensors(
     Raises:
         ValueError: A fraction is outside (0, 1) or the two add up to 1 or more.
     """
+    from sklearn.datasets import load_diabetes  # here: `import sklearn` costs ~0.7 s, paid only when loading
+
     bunch = load_diabetes()
     x = torch.tensor(bunch.data, dtype=torch.float32)
     y = torch.tensor(bunch.target, dtype=torch.float32)
