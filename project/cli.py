@@ -29,6 +29,7 @@ from project.checkpoints.diff import diff_state_dicts
 from project.checkpoints.io import AtomicCheckpointIO
 from project.checkpoints.loading import pickle_allowed
 from project.checkpoints.resume import NO_CHECKPOINT, Chosen
+from project.commands import split_command
 from project.config_errors import check_config_files
 from project.consolidate import consolidate
 from project.errors import UserError, run_reporting_user_errors
@@ -38,20 +39,6 @@ from project.parallel.failures import defer_to_rank_zero, error_from_worker, exp
 from project.parallel.ray_job import run_on_ray, submits_to_ray
 from project.plan_command import print_plan
 from project.runs import reserve_run_directory, run_directory
-
-COMMANDS = {
-    "fit": "train, validate, then test the best checkpoint",
-    "validate": "evaluate a checkpoint on the validation set",
-    "test": "evaluate a checkpoint on the test set",
-    "predict": "write predictions.csv for a checkpoint",
-    "plan": "resolve the parallel layout without training (--assume_gpus N, --json)",
-    "check": "self-test the layout: ranks, collectives, bandwidth, invariance, step time (check.json)",
-    "consolidate": "merge a sharded (fsdp) checkpoint folder into one plain file (CKPT_DIR [--out FILE])",
-}
-USAGE = (
-    "usage: python -m project {fit,validate,test,predict,plan,check,consolidate} --config FILE [options]\n\n"
-    + "".join(f"  {name:<11} {what}\n" for name, what in COMMANDS.items())
-)
 
 
 @dataclass
@@ -75,16 +62,6 @@ class Run:
     def datamodule(self) -> L.LightningDataModule:
         """The datamodule."""
         return self.cli.datamodule
-
-
-def split_command(args: list[str]) -> tuple[str, list[str]]:
-    """The command and its arguments; top-level ``--help`` prints the commands and exits."""
-    if not args or args[0] in ("-h", "--help"):
-        sys.stdout.write(USAGE + "\nEach command's options: python -m project COMMAND --help\n")
-        raise SystemExit(0 if args else 2)
-    if args[0] not in COMMANDS:
-        raise UserError(f"unknown command {args[0]!r}; use one of {', '.join(COMMANDS)} (see python -m project --help)")
-    return args[0], args[1:]
 
 
 def execute(argv: list[str]) -> Run | None:

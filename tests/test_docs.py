@@ -1,6 +1,6 @@
 """The README and the manual in docs/: size, links and anchors, the commands and make targets they name.
 
-Pure file reading (no subprocess, no import of the CLI): the commands are read from ``project/cli.py`` by ``ast``.
+Pure file reading (no subprocess, no import of the CLI): the commands are read from ``project/commands.py`` by ``ast``.
 """
 
 from __future__ import annotations
@@ -109,13 +109,13 @@ def _relative(target: str) -> bool:
 
 @cache
 def project_commands() -> frozenset[str]:
-    """``project.cli.COMMANDS`` read from the source (importing the CLI takes seconds: it imports Lightning)."""
-    tree = ast.parse((REPO / "project" / "cli.py").read_text(encoding="utf-8"))
+    """``project.commands.COMMANDS`` read from the source (importing the CLI takes seconds: it imports Lightning)."""
+    tree = ast.parse((REPO / "project" / "commands.py").read_text(encoding="utf-8"))
     for node in tree.body:
         targets = [node.target] if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [])
         if any(isinstance(target, ast.Name) and target.id == "COMMANDS" for target in targets) and node.value:
             return frozenset(ast.literal_eval(node.value))
-    raise AssertionError("project/cli.py has no literal COMMANDS")
+    raise AssertionError("project/commands.py has no literal COMMANDS")
 
 
 @cache
