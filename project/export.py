@@ -20,6 +20,7 @@ from project.checkpoints.atomic import atomic_torch_save, atomic_write_text
 from project.checkpoints.diff import diff_state_dicts
 from project.checkpoints.loading import safe_load
 from project.errors import UserError
+from project.export_program import PROGRAM_FILE, PROGRAM_FORMAT, STATE_DICT_FORMAT, load_program
 from project.lightning_private import WRAPPER_ATTRIBUTE, WRAPPER_CLASS_NAMES
 
 EXPORT_WEIGHTS = "model.pt"
@@ -225,14 +226,30 @@ def export_state_dict(
 
 
 def rebuild(folder: str | os.PathLike[str]) -> nn.Module:
-    """Rebuild the exported network from ``folder`` (``model.json`` + ``model.pt``), in eval mode.
+    """Rebuild the exported network from ``folder``, in eval mode; Lightning is never imported.
 
-    Needs only torch and the network's own module; Lightning is never imported.
+    ``model.json`` says how. ``{"class_path", "init_args"}``: the class is built (an ``nn.Module`` subclass only)
+    and ``model.pt`` loaded into it; needs torch and the network's own module. ``{"format": "torch.export"}`` (a
+    network built in a LightningModule's ``__init__``): the program ``model.pt2`` is loaded, with torch alone,
+    as a callable module that stays in eval mode (see :func:`project.export_program.load_program`).
+
+    Raises:
+        UserError: no export there, a refused ``model.json`` or program, or an export of the state dict only.
     """
     spec_file = Path(folder) / EXPORT_SPEC
     if not spec_file.is_file():
         raise UserError(f"'{spec_file}' does not exist; export/ is written at the end of `fit`")
     spec = json.loads(spec_file.read_text())
+    kind = spec.get("format")
+    if kind == PROGRAM_FORMAT:
+        return load_program(Path(folder) / PROGRAM_FILE)
+    if kind == STATE_DICT_FORMAT:
+        raise UserError(
+            f"'{spec_file}': this export holds the state dict {EXPORT_WEIGHTS} of {spec.get('network')} only (no "
+            f"program: {spec.get('reason')}); build the network in your code and load_weights(net, '{EXPORT_WEIGHTS}')"
+        )
+    if kind is not None:
+        raise UserError(f"'{spec_file}' has format {kind!r}; this version rebuilds class paths and {PROGRAM_FORMAT}")
     net = _module_class(spec.get("class_path"), spec_file)(**spec.get("init_args", {}))
     load_weights(net, Path(folder) / EXPORT_WEIGHTS)
     return net.eval()

@@ -6,10 +6,16 @@ that is checkpointed and exported), over unpadded shards (see ``project.parallel
 end of ``fit``, rank 0 alone exports the plain network of the best checkpoint (or of the final
 weights when there is none) to ``<run>/export/``. Whether that export can be rebuilt is checked at
 ``setup``, before training.
+
+A network that no class path rebuilds (built in the LightningModule's ``__init__``, e.g. ``nn.Sequential``)
+is exported as a torch.export program (``model.pt2``, :mod:`project.export_program`) besides its state dict:
+its example inputs are recorded from its first forward call in training. When torch.export cannot capture it,
+or it is sharded (FSDP), one warning line says so and the export holds the state dict only.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,12 +27,22 @@ from torch import nn
 from project.checkpoints.sharded import checkpoint_weights
 from project.errors import UserError
 from project.export import (
+    EXPORT_WEIGHTS,
     check_rebuildable,
+    class_path,
     export_network,
     export_state_dict,
     match_state_dict,
     network_spec,
     unwrap,
+)
+from project.export_program import (
+    PROGRAM_FILE,
+    PROGRAM_FORMAT,
+    STATE_DICT_FORMAT,
+    InputRecorder,
+    ProgramExportError,
+    export_program,
 )
 from project.parallel.fsdp import is_sharded
 from project.runs import run_directory
@@ -76,7 +92,8 @@ class UnwrapEvalCallback(L.Callback):
     """Evaluate the unwrapped module during fit and export it at the end.
 
     Args:
-        export: Write ``export/model.pt`` and ``export/model.json`` into the run directory at fit end.
+        export: Write ``export/model.pt`` and ``export/model.json`` into the run directory at fit end (and
+            ``export/model.pt2``, a torch.export program, for a network that no class path rebuilds).
         export_best: Export the best checkpoint's weights (the ones ``test`` after fit evaluates)
             instead of the final ones, when a monitored checkpoint exists.
         net_attribute: Attribute of the LightningModule that holds the plain network; ``None``: ``net``,
@@ -89,17 +106,33 @@ class UnwrapEvalCallback(L.Callback):
         self.net_attribute = net_attribute
         self._wrapper: nn.Module | None = None
         self._spec: dict[str, Any] | None = None
+        self._recorder: InputRecorder | None = None
         #: Path of the last export (rank 0), for the CLI's closing message.
         self.export_dir: Path | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Before training: find the network and check that its export can be rebuilt."""
+        """Before training: find the network and check that its export can be rebuilt.
+
+        A network that neither its own ``init_args`` nor the config rebuild is exported as a program instead.
+        """
         if not self.export or stage != "fit" or self._spec is not None:
             return
         attribute, net = find_network(unwrap(pl_module), self.net_attribute)
         self.net_attribute = attribute
-        self._spec = network_spec(net, _configured(pl_module, attribute))
-        check_rebuildable(self._spec, net)
+        try:
+            spec = network_spec(net, _configured(pl_module, attribute))
+        except UserError:
+            self._spec = {"format": PROGRAM_FORMAT, "network": class_path(unwrap(net))}
+            return
+        check_rebuildable(spec, net)
+        self._spec = spec
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Rank 0 records a program's example inputs from the network's next forward call (the first in training)."""
+        if self._program and trainer.is_global_zero and self._recorder is None:
+            _, net = find_network(unwrap(pl_module), self.net_attribute)
+            if not is_sharded(net):
+                self._recorder = InputRecorder(unwrap(net))
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Swap the DDP wrapper for the bare module while validating (``model = model.module``).
@@ -129,6 +162,8 @@ class UnwrapEvalCallback(L.Callback):
         """
         if not self.export or self._spec is None:
             return
+        if self._recorder is not None:
+            self._recorder.remove()  # never called in training: nothing to record after it
         log_dir = run_directory(trainer)
         _, net = find_network(unwrap(pl_module), self.net_attribute)
         best = self._best_path(trainer)
@@ -136,15 +171,47 @@ class UnwrapEvalCallback(L.Callback):
         if not trainer.is_global_zero or log_dir is None or trainer.fast_dev_run:
             return
         folder = Path(log_dir) / "export"
+        state = None
         if best is not None:
             # Read from the file (or the sharded folder), so the in-memory model (what `test` after fit sees)
             # is untouched.
             state = match_state_dict(checkpoint_weights(best), net)
-            self.export_dir = export_state_dict(state, folder, self._spec)
         elif gathered is not None:
-            self.export_dir = export_state_dict(gathered, folder, self._spec)
+            state = gathered
+        spec = self._program_spec(net, state, folder) if self._program else self._spec
+        if state is not None:
+            self.export_dir = export_state_dict(state, folder, spec)
         else:
-            self.export_dir = export_network(net, folder, self._spec)
+            self.export_dir = export_network(net, folder, spec)
+
+    @property
+    def _program(self) -> bool:
+        return self._spec is not None and self._spec.get("format") == PROGRAM_FORMAT
+
+    def _program_spec(self, net: nn.Module, state: Mapping[str, Any] | None, folder: Path) -> dict[str, Any]:
+        """Write ``model.pt2`` and say so, or say in one warning line why not: the export is the state dict only.
+
+        The program's failures are not raised: training is over and its checkpoints are written, so a network
+        that torch.export cannot capture does not fail the run.
+        """
+        assert self._spec is not None
+        network = self._spec["network"]
+        example = self._recorder.example if self._recorder is not None else None
+        try:
+            if is_sharded(net):
+                raise ProgramExportError(f"{network} is sharded (FSDP): a sharded network is not exported as a program")
+            if example is None:
+                raise ProgramExportError(f"{network} was never called in training, so it has no example inputs")
+            return {**self._spec, **export_program(unwrap(net), example, folder / PROGRAM_FILE, state)}
+        except ProgramExportError as error:
+            reason = str(error)
+        (folder / PROGRAM_FILE).unlink(missing_ok=True)  # a program of an earlier fit of this run is not this one
+        sys.stderr.write(
+            f"warning: no export/{PROGRAM_FILE}: {reason}; export/ holds the state dict {EXPORT_WEIGHTS} only "
+            "(build the network in your code and load it with project.export.load_weights)\n"
+        )
+        sys.stderr.flush()
+        return {"format": STATE_DICT_FORMAT, "network": network, "reason": reason}
 
     def _best_path(self, trainer: L.Trainer) -> str | None:
         checkpoint = trainer.checkpoint_callback
