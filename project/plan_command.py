@@ -5,12 +5,25 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.utils.data import IterableDataset
 
 from project.callbacks.model_checks import refuse_manual_accumulation
 from project.parallel.environment import detect_environment
 from project.parallel.fsdp import plan_units
 from project.parallel.layout import LaunchMismatchError
+from project.parallel.limits import (
+    SETTINGS,
+    Limit,
+    evaluation_limit,
+    refuse_unreachable_validation,
+    stream_limit,
+    training_limit,
+)
+from project.parallel.loaders import takes_eval_sampler
 from project.parallel.memory import estimate
 from project.parallel.plan import Plan, resolve_plan
 
@@ -41,6 +54,75 @@ def resolve_for_plan(cli: ProjectCLI) -> Plan:
         return replace(plan, notes=(*plan.notes, f"will not start under {environment.launcher}: {error}"))
 
 
+def trainer_limits(trainer: Any) -> SimpleNamespace:
+    """The config's ``limit_*_batches`` and validation schedule as the Trainer reads them (``fast_dev_run`` too)."""
+    fast = trainer.get("fast_dev_run")
+    limits = {setting: trainer.get(setting) for setting in SETTINGS.values()}
+    # Lightning's defaults (None: all batches); fast_dev_run N sets every limit to N and validates each epoch.
+    limits = {key: int(fast) if fast else (1.0 if value is None else value) for key, value in limits.items()}
+    interval = 1.0 if fast or trainer.get("val_check_interval") is None else trainer.get("val_check_interval")
+    return SimpleNamespace(
+        **limits, val_check_interval=interval, check_val_every_n_epoch=trainer.get("check_val_every_n_epoch")
+    )
+
+
+EVAL_STAGES = {"validation": ("val_dataloader", "validate"), "test": ("test_dataloader", "test")}
+EVAL_STAGES["predict"] = ("predict_dataloader", "predict")
+
+
+def plan_limits(cli: ProjectCLI, plan: Plan) -> dict[str, list[Limit | str]]:
+    """What each ``limit_*_batches`` keeps under ``plan``, in samples, for the loaders the datamodule has.
+
+    Refuses, as ``fit`` would before training, a ``val_check_interval`` that validation could never reach.
+    """
+    data, per_device = cli.datamodule, plan.per_device_batch_size
+    if data is None or per_device is None:
+        return {}
+    settings, micro = trainer_limits(cli.config.trainer), per_device * plan.world_size
+    found: dict[str, list[Limit | str]] = {}
+    loader = data.train_dataloader()  # set up for fit by training_batch_size already
+    if isinstance(getattr(loader, "dataset", None), IterableDataset):
+        found["training"] = [stream_limit(settings.limit_train_batches, micro)]
+    elif takes_eval_sampler(loader):  # the layer's training sampler goes where its evaluation sampler goes
+        global_batches = len(loader.dataset) // (micro * plan.accumulation) * plan.accumulation
+        if global_batches > 0:  # fewer samples than a global batch: fit refuses that itself
+            refuse_unreachable_validation(settings, global_batches)
+            found["training"] = [training_limit(settings.limit_train_batches, global_batches, micro)]
+    for stage, (hook, setup) in EVAL_STAGES.items():
+        if not is_overridden(hook, data):
+            continue
+        setting, limits = SETTINGS[stage], []
+        try:
+            data.setup(setup)
+            loaders = _listed(getattr(data, hook)())
+        except Exception as error:  # a loader that needs what only its own command provides must not stop the plan
+            found[stage] = [f"{setting}: not counted, the {stage} loader could not be built here ({error})"]
+            continue
+        for one in loaders:
+            if not takes_eval_sampler(one):
+                limits.append(f"{setting} counts each process's own batches: the layer's sampler does not apply")
+                continue
+            value = getattr(settings, setting)
+            limits.append(evaluation_limit(setting, value, len(one.dataset), one.batch_size, plan.world_size))
+        found[stage] = limits
+    return found
+
+
+def limits_json(limits: dict[str, list[Limit | str]]) -> dict[str, Any]:
+    """``plan --json``'s ``limits``: per stage one limit (or a list, for several loaders), as plan.json records it."""
+    items = {
+        stage: [x.to_dict() if isinstance(x, Limit) else {"note": x} for x in found] for stage, found in limits.items()
+    }
+    return {stage: found[0] if len(found) == 1 else found for stage, found in items.items()}
+
+
+def _listed(loaders: Any) -> list[Any]:
+    """One loader, or the loaders of a list/tuple/dict (several validation sets)."""
+    if isinstance(loaders, dict):
+        return list(loaders.values())
+    return list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
+
+
 def memory_estimate(cli: ProjectCLI, plan: Plan) -> dict[str, Any] | None:
     """Per-device memory of the built model under this plan's layout, ddp beside fsdp (``None``: no model)."""
     if cli.model is None:
@@ -67,6 +149,8 @@ def print_plan(cli: ProjectCLI) -> None:
     refuse_manual_accumulation(cli.model, plan.accumulation, cli.plan_inputs[0], plan)
     data = plan.to_dict()
     data["strategy"].update(plan_units(plan.scenario, plan.strategy, cli.model, cli.plan_inputs[0].wrap_modules))
+    limits = plan_limits(cli, plan)
+    data["limits"] = limits_json(limits)
     if cli.config.get("parallel") is None:
         data["notes"] = [*data["notes"], "no parallel section: this is what `parallel.scenario: auto` would do"]
     memory = memory_estimate(cli, plan)
@@ -78,6 +162,10 @@ def print_plan(cli: ProjectCLI) -> None:
 
     table = Table(title="parallel plan", show_header=False)
     for key, value in data.items():
+        if key == "limits":  # one line per limit, in samples
+            value = "\n".join(
+                f"{stage}: {x.describe() if isinstance(x, Limit) else x}" for stage, f in limits.items() for x in f
+            )
         table.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
     console = Console()
     console.print(table)

@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from helpers import CONFIGS, DIGITS, FAST, run_cli, run_dirs, two_at_a_time
+from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, run_cli, run_dirs, two_at_a_time
 
 OWN = str(CONFIGS / "own_module.yaml")
 NO_TEST = ["--model", "user_shapes.NoTestStepModule", "--data", "user_code.PlainDigits", "--trainer.max_epochs", "1"]
@@ -35,3 +36,32 @@ def test_the_skeleton_keeps_the_modules_optimizer_and_a_task_config_says_it_repl
     assert "momentum" in optimizer(own) and "betas" not in optimizer(own)  # the module's SGD
     assert "betas" in optimizer(replaced)  # the config's AdamW
     assert "No test after fit: NoTestStepModule has no test_step" in kept.stdout
+
+
+@pytest.mark.distributed
+def test_a_language_model_on_dict_batches_fits_predicts_and_resumes_on_two_processes(tmp_path):
+    """Dict batches, its own optimizer, no test_step, dict predictions, an export built in __init__: 2 processes."""
+    lm = ["--model", "user_shapes.TinyLM", "--data", "user_shapes.CharWindowsData", *QUIET]
+    fit = run_cli(["fit", "--config", OWN, "--config", CPU_DDP, *lm, "--trainer.max_epochs", "1"], tmp_path)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (run,) = run_dirs(tmp_path, name="own")
+    assert "No test after fit: TinyLM has no test_step" in fit.stdout
+    steps = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+
+    config = ["--config", str(run / "config.yaml")]
+    predicted = run_cli(["predict", *config, "--ckpt_path", "last"], tmp_path)
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    rows = (run_dirs(tmp_path, name="own")[-1] / "predictions.csv").read_text().splitlines()
+    assert rows[0] == "index,next_token,probability"
+    assert [int(row.split(",")[0]) for row in rows[1:]] == list(range(100))  # each window once, in order
+
+    resumed = run_cli(["fit", *config, "--resume", "auto", "--trainer.max_epochs", "2"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"the run continues in {run}" in resumed.stderr
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2 * steps
+
+    from project.export import rebuild
+
+    net = rebuild(run / "export")  # a torch.export program: the Sequential was built in TinyLM.__init__
+    windows = torch.arange(16).reshape(2, 8) % 12  # the recorded windows' length (block 8), another batch size
+    assert net(windows).shape == (2, 8, 12)

@@ -9,6 +9,10 @@ not divide, a dataset smaller than one global batch) before anything is trained 
 
 It also records how far into the epoch training got, so that a mid-epoch resume skips exactly the global
 batches already trained on, for any datamodule.
+
+The Trainer's ``limit_*_batches`` mean the same samples at any world size (:mod:`project.parallel.limits`): the
+evaluation shards hold only the samples a limit keeps, the Trainer's per-process limit is lifted so that it cuts
+nothing more, and a ``val_check_interval`` that validation could never reach is refused at ``setup``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from project.errors import UserError
-from project.parallel.loaders import Guarantee, install_eval_sampler, install_training_sampler
+from project.parallel.limits import TrainerLimits, refuse_unreachable_validation
+from project.parallel.loaders import Guarantee, install_eval_sampler, install_training_sampler, takes_eval_sampler
 from project.parallel.plan import Plan
 from project.parallel.sampling import GlobalBatchSampler
 from project.parallel.stream import GlobalBatchStream, is_stateful
@@ -38,6 +43,13 @@ def _each(loaders: Any, fn: Callable[[Any], Any]) -> Any:
     if isinstance(loaders, (list, tuple)):
         return type(loaders)(fn(value) for value in loaders)
     return fn(loaders)
+
+
+def _listed(loaders: Any) -> list[Any]:
+    """The loaders of one, or of a list/tuple/dict of them."""
+    found: list[Any] = []
+    _each(loaders, found.append)
+    return found
 
 
 class LoaderGuaranteesCallback(L.Callback):
@@ -66,9 +78,11 @@ class LoaderGuaranteesCallback(L.Callback):
         self._stream: GlobalBatchStream | None = None
         self._stream_resume: tuple[int, int] | None = None
         self._stream_state: Any = None
+        self._train_limit: int | float = 1.0  # limit_train_batches
         self._resume_point: tuple[int, int] | None = None
         self._position = (0, 0)  # (epoch, batches trained in it)
         self._said: set[str] = set()
+        self._limits = TrainerLimits()
 
     # ---------------------------------------------------------------- wiring
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -84,6 +98,8 @@ class LoaderGuaranteesCallback(L.Callback):
             # A loader the layer left alone is built again by Lightning, which records its arguments then.
             self._built_train = loader if self.guarantees["training"]["held"] else None
             self._check_resumable()
+            if self._sampler is not None:  # map-style: the epoch's global batches are known now
+                refuse_unreachable_validation(trainer, self._sampler.num_global_batches)
         elif self.plan is None:
             self.plan = self.resolve_plan(None)
 
@@ -96,7 +112,13 @@ class LoaderGuaranteesCallback(L.Callback):
 
         def eval_dataloader() -> Any:
             stage = EVAL_HOOKS[hook]
-            return _each(original(), lambda loader: self._evaluation(loader, trainer, stage))
+            loaders, limit = original(), self._limits.user_value(trainer, stage)
+            # A fraction is lifted for all the stage's loaders at once: only when each takes the layer's sampler.
+            exact = isinstance(limit, int) or all(takes_eval_sampler(loader) for loader in _listed(loaders))
+            loaders = _each(loaders, lambda loader: self._evaluation(loader, trainer, stage, limit if exact else None))
+            if exact:
+                self._limits.lift(trainer, stage)
+            return loaders
 
         return train_dataloader if hook == "train_dataloader" else eval_dataloader
 
@@ -107,8 +129,10 @@ class LoaderGuaranteesCallback(L.Callback):
             self._record("training", Guarantee(False, "the training loader has no batch_size"), trainer)
             return loader
         try:
+            world, rank, limit = trainer.world_size, trainer.global_rank, trainer.limit_train_batches
+            self._train_limit = limit
             loader, guarantee = install_training_sampler(
-                loader, per_device, trainer.world_size, trainer.global_rank, self.run_seed, self.plan.accumulation
+                loader, per_device, world, rank, self.run_seed, self.plan.accumulation, limit
             )
         except ValueError as error:
             raise UserError(f"data: {error}") from None
@@ -124,8 +148,8 @@ class LoaderGuaranteesCallback(L.Callback):
         self._record("training", guarantee, trainer)
         return loader
 
-    def _evaluation(self, loader: Any, trainer: L.Trainer, stage: str) -> Any:
-        loader, guarantee = install_eval_sampler(loader, trainer.world_size, trainer.global_rank, stage)
+    def _evaluation(self, loader: Any, trainer: L.Trainer, stage: str, limit: int | float | None) -> Any:
+        loader, guarantee = install_eval_sampler(loader, trainer.world_size, trainer.global_rank, stage, limit)
         self._record(stage, guarantee, trainer)
         return loader
 
@@ -140,20 +164,29 @@ class LoaderGuaranteesCallback(L.Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A new epoch: nothing of it trained yet."""
         self._position = (trainer.current_epoch, 0)
+        self._limits.at_epoch_start(trainer)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Count the batch (``batch_idx`` goes on from the resume point in a resumed epoch)."""
         self._position = (trainer.current_epoch, batch_idx + 1)
+        if self._stream is not None and self._stream.exhausted:  # its last batch: its length is known now
+            self._limits.at_stream_end(trainer, batch_idx, self._stream.samples_per_micro_step)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """The user's limits back on the Trainer: a later run of it reads them afresh."""
+        self._limits.restore(trainer)
 
     def state_dict(self) -> dict[str, Any]:
         """How far into the epoch training got (in global micro-batches), and how large they were."""
         epoch, done = self._position
+        limit = self._train_limit if isinstance(self._train_limit, int) else float("inf")
         plan = self.plan
         sizes = {"global_batch_size": plan.global_batch_size, "accumulation": plan.accumulation} if plan else {}
         stream = (
-            {"stream_state": self._stream.epoch_state, "stream_exhausted": self._stream.exhausted}
+            # An epoch cut by an int limit_train_batches is over too: the next one reads the stream from its start.
+            {"stream_state": self._stream.epoch_state, "stream_exhausted": self._stream.exhausted or done >= limit}
             if self._stream is not None
             else {}
         )

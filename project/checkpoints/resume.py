@@ -136,8 +136,8 @@ def _find_newest_good(name: RunName) -> Chosen | None:
     return None
 
 
-def _continue_in(trainer: Namespace, version: str) -> None:
-    """Point the (first) logger at the resumed run's folder, so the run continues where it was."""
+def _continue_in(trainer: Namespace, run: Path) -> None:
+    """Point the (first) logger at the resumed run's folder ``<save_dir>/<name>/<version>``, wherever it is."""
     logger = _logger_section(trainer)
     if logger is None or logger is True:
         logger = Namespace(
@@ -147,7 +147,11 @@ def _continue_in(trainer: Namespace, version: str) -> None:
         trainer.logger = logger
     if logger.get("init_args") is None:
         logger.init_args = Namespace()
-    logger.init_args.version = version
+    # save_dir and name too, where they point elsewhere: a run's own config given from another working directory.
+    root = Path(logger.init_args.get("save_dir") or ".") / (logger.init_args.get("name") or "")
+    if root.resolve() != run.parent.resolve():
+        logger.init_args.save_dir, logger.init_args.name = str(run.parent.parent), run.parent.name
+    logger.init_args.version = run.name
 
 
 def _remove_partial_writes(checkpoints: Path) -> None:
@@ -198,7 +202,7 @@ def choose_checkpoint(
     if command == "fit":
         path = Path(found.path)
         run = path.parent.parent
-        _continue_in(trainer, run.name)
+        _continue_in(trainer, run)
         _remove_partial_writes(path.parent)
         # Lightning warns about a non-empty checkpoint folder; continuing in it is the point here.
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")

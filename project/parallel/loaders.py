@@ -10,6 +10,9 @@ A training stream (an ``IterableDataset``) is cut into the same global batches b
 :class:`~project.parallel.stream.GlobalBatchStream`. Where that cannot be done without changing what the user's
 loader means (an evaluation stream, a custom sampler or batch_sampler, a DataLoader subclass), the loader is
 left alone and the :class:`Guarantee` says why; the run says so in one line before training.
+
+A ``limit_*_batches`` means the same samples at any world size (:mod:`project.parallel.limits`): the evaluation
+samplers shard only the samples it keeps, and the :class:`Guarantee` records how many.
 """
 
 from __future__ import annotations
@@ -20,6 +23,15 @@ from typing import Any
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from project.data.augment import SeededAugmentation
+from project.parallel.limits import (
+    SETTINGS,
+    EndAwareStream,
+    Limit,
+    evaluation_limit,
+    is_whole,
+    stream_limit,
+    training_limit,
+)
 from project.parallel.sampling import EvalShardSampler, GlobalBatchSampler
 from project.parallel.stream import GlobalBatchStream, is_stateful
 
@@ -30,10 +42,13 @@ class Guarantee:
 
     held: bool
     detail: str
+    #: The samples the stage's ``limit_*_batches`` keeps, where the layer's sampler applies it.
+    limit: Limit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for ``plan.json``."""
-        return {"held": self.held, "detail": self.detail}
+        data: dict[str, Any] = {"held": self.held, "detail": self.detail}
+        return {**data, "limit": self.limit.to_dict()} if self.limit is not None else data
 
 
 def _refusal(loader: Any) -> str | None:
@@ -54,6 +69,11 @@ def _refusal(loader: Any) -> str | None:
     if type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(loader.dataset):
         return None
     return f"the loader has a custom sampler ({type(sampler).__name__})"
+
+
+def takes_eval_sampler(loader: Any) -> bool:
+    """Whether :func:`install_eval_sampler` can put the layer's sampler on ``loader``."""
+    return _refusal(loader) is None
 
 
 def _rebuild(loader: DataLoader, sampler: Any, batch_size: int, dataset: Any = None) -> DataLoader:
@@ -84,15 +104,25 @@ def shuffle_seed(loader: DataLoader, run_seed: int) -> int:
 
 
 def install_training_sampler(
-    loader: Any, per_device_batch_size: int, world_size: int, rank: int, run_seed: int, accumulation: int = 1
+    loader: Any,
+    per_device_batch_size: int,
+    world_size: int,
+    rank: int,
+    run_seed: int,
+    accumulation: int = 1,
+    limit: int | float = 1.0,
 ) -> tuple[Any, Guarantee]:
     """The training loader with world-size-invariant global batches, or ``loader`` unchanged and why.
 
+    ``limit`` (``limit_train_batches``) is left to the Trainer: it counts this process's batches, one per global
+    batch, so it means global batches at any world size; the :class:`Guarantee` records its samples.
+
     Raises:
         ValueError: the dataset holds fewer samples than one global batch.
+        UserError: ``limit`` is a fraction of a stream, or keeps less than one global batch.
     """
     if isinstance(getattr(loader, "dataset", None), IterableDataset):
-        return _install_stream(loader, per_device_batch_size, world_size, rank, accumulation)
+        return _install_stream(loader, per_device_batch_size, world_size, rank, accumulation, limit)
     refusal = _refusal(loader)
     if refusal is not None:
         return loader, Guarantee(False, f"training batches depend on the world size: {refusal}")
@@ -115,11 +145,14 @@ def install_training_sampler(
         f"({per_device_batch_size} per process x {world_size}{times}), "
         f"{'shuffled' if shuffle else 'in order'} with seed {sampler.seed}, the same at any world size"
     )
-    return _rebuild(loader, sampler, per_device_batch_size), Guarantee(True, detail)
+    kept = training_limit(limit, sampler.num_global_batches, sampler.global_batch_size)
+    if kept.samples != kept.total:
+        detail += f"; {kept.describe()}"
+    return _rebuild(loader, sampler, per_device_batch_size), Guarantee(True, detail, kept)
 
 
 def _install_stream(
-    loader: Any, per_device_batch_size: int, world_size: int, rank: int, accumulation: int
+    loader: Any, per_device_batch_size: int, world_size: int, rank: int, accumulation: int, limit: int | float
 ) -> tuple[Any, Guarantee]:
     """A training stream cut into the same global batches at any world size (:mod:`project.parallel.stream`)."""
     refusal = None
@@ -134,7 +167,9 @@ def _install_stream(
         )
     if refusal is not None:
         return loader, Guarantee(False, f"training batches depend on the world size: {refusal}")
-    stream = GlobalBatchStream(loader.dataset, per_device_batch_size, world_size, rank, accumulation)
+    # An int limit: Lightning fetches no batch ahead, the stream reads ahead itself to see its end in time.
+    kind = EndAwareStream if isinstance(limit, int) else GlobalBatchStream
+    stream = kind(loader.dataset, per_device_batch_size, world_size, rank, accumulation)
     times = f" x accumulation {accumulation}" if accumulation > 1 else ""
     state = "resumable exactly (state_dict)" if is_stateful(loader.dataset) else "re-read from its start on resume"
     detail = (
@@ -142,14 +177,43 @@ def _install_stream(
         f"({per_device_batch_size} per process x {world_size}{times}) in stream order, each process training on its "
         f"own slice of each, the same at any world size; {state}"
     )
-    return _rebuild(loader, None, per_device_batch_size, stream), Guarantee(True, detail)
+    kept = stream_limit(limit, stream.samples_per_micro_step)
+    if kept.batches is not None:
+        detail += f"; {kept.describe()}"
+    return _rebuild(loader, None, per_device_batch_size, stream), Guarantee(True, detail, kept)
 
 
-def install_eval_sampler(loader: Any, world_size: int, rank: int, stage: str) -> tuple[Any, Guarantee]:
-    """An evaluation loader whose ranks take contiguous, unpadded shards, or ``loader`` unchanged and why."""
+def install_eval_sampler(
+    loader: Any, world_size: int, rank: int, stage: str, limit: int | float | None = 1.0
+) -> tuple[Any, Guarantee]:
+    """An evaluation loader whose ranks take contiguous, unpadded shards, or ``loader`` unchanged and why.
+
+    Args:
+        loader: The user's loader.
+        world_size: Processes that share the evaluation.
+        rank: This process's rank.
+        stage: ``validation``, ``test`` or ``predict``.
+        limit: The stage's ``limit_*_batches``: the shards hold only the dataset's first samples it keeps,
+            the same at any world size. ``None``: the Trainer applies it per process (said in the detail).
+
+    Raises:
+        UserError: a fraction that keeps less than one batch.
+    """
+    setting = SETTINGS[stage]
     refusal = _refusal(loader)
     if refusal is not None:
-        return loader, Guarantee(False, f"{stage} may count samples twice or out of order: {refusal}")
-    sampler = EvalShardSampler(loader.dataset, num_replicas=world_size, rank=rank)
-    detail = f"each of the {len(loader.dataset)} samples once, in dataset order, over {world_size} process(es)"
-    return _rebuild(loader, sampler, loader.batch_size), Guarantee(True, detail)
+        detail = f"{stage} may count samples twice or out of order: {refusal}"
+        if not is_whole(limit):
+            detail += f"; {setting} counts each process's own batches"
+        return loader, Guarantee(False, detail)
+    size = len(loader.dataset)
+    kept = evaluation_limit(setting, 1.0 if limit is None else limit, size, loader.batch_size, world_size)
+    sampler = EvalShardSampler(loader.dataset, num_replicas=world_size, rank=rank, num_samples=kept.samples)
+    if kept.samples == size:
+        detail = f"each of the {size} samples once, in dataset order, over {world_size} process(es)"
+    else:
+        detail = f"the first {kept.samples} of the {size} samples ({setting}={limit}: {kept.batches} batches of "
+        detail += f"{kept.batch_size}) once each, in dataset order, over {world_size} process(es)"
+    if limit is None:
+        detail += f"; {setting} counts each process's own batches (another loader of this stage is not the layer's)"
+    return _rebuild(loader, sampler, loader.batch_size), Guarantee(True, detail, kept if limit is not None else None)

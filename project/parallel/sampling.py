@@ -7,7 +7,8 @@ ranks equals the single-process mean over ``B`` samples. The incomplete last glo
 dropped (at every world size alike).
 
 Evaluation: each rank takes one contiguous shard, no padding, so every sample counts exactly once
-(DistributedSampler would repeat samples to even out the shards).
+(DistributedSampler would repeat samples to even out the shards). A ``limit_*_batches`` narrows what is
+sharded to the dataset's first samples, so a limit means the same samples at any world size.
 
 Both subclass ``DistributedSampler`` so that Lightning keeps them instead of inserting its own.
 """
@@ -103,12 +104,23 @@ class GlobalBatchSampler(DistributedSampler):
 
 
 class EvalShardSampler(DistributedSampler):
-    """Evaluation sampler: contiguous, unpadded shards, so each sample is seen exactly once."""
+    """Evaluation sampler: contiguous, unpadded shards, so each sample is seen exactly once.
 
-    def __init__(self, dataset: Sized, num_replicas: int = 1, rank: int = 0) -> None:
+    Args:
+        dataset: Anything with ``len``.
+        num_replicas: World size.
+        rank: Global rank of this process.
+        num_samples: Shard only the dataset's first ``num_samples`` samples (a ``limit_*_batches``,
+            :mod:`project.parallel.limits`); ``None``: all of them.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int = 1, rank: int = 0, num_samples: int | None = None) -> None:
         _check_rank(num_replicas, rank)
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
-        size, extra = divmod(len(dataset), num_replicas)
+        total = len(dataset) if num_samples is None else num_samples
+        if not 0 <= total <= len(dataset):
+            raise ValueError(f"num_samples={num_samples} must be in [0, {len(dataset)}] (the dataset's length)")
+        size, extra = divmod(total, num_replicas)
         # The first `extra` ranks take one sample more; nothing is repeated.
         self.start = rank * size + min(rank, extra)
         self.stop = self.start + size + (1 if rank < extra else 0)

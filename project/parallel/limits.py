@@ -1,0 +1,249 @@
+"""What the Trainer's ``limit_*_batches`` mean under the parallel layer: the same samples at any world size.
+
+Lightning counts a limit in each process's own batches. With the layer's evaluation shards that would make
+2 processes, each taking the first 3 batches of its own shard, see other samples than 1 process taking the
+first 3 batches of the dataset. Here a limit is read as Lightning reads it on one process and turned into samples:
+
+- ``limit_val_batches``, ``limit_test_batches``, ``limit_predict_batches``: an int ``N`` keeps the dataset's first
+  ``N x batch_size`` samples (the loader's ``batch_size``); a fraction ``f`` keeps the first ``int(f x batches)``
+  whole batches of it (Lightning's rounding on one process). :class:`~project.parallel.sampling.EvalShardSampler`
+  shards those samples over the ranks, each once, and the Trainer's per-process limit cuts nothing more: an int
+  ``N`` cannot (no shard of ``N x batch_size`` samples holds more than ``N`` batches), a fraction is lifted to 1.0
+  while the loaders are in use (:class:`TrainerLimits`).
+- ``limit_train_batches``: the layer's training batches are global (micro-)batches already
+  (:class:`~project.parallel.sampling.GlobalBatchSampler`, :class:`~project.parallel.stream.GlobalBatchStream`):
+  each process has one batch per global batch, so Lightning's count is the global one at any world size.
+
+A ``val_check_interval`` beyond an epoch is refused before training (:func:`refuse_unreachable_validation`); a
+training stream that ends before validation was due is validated at its end, said in one line (:class:`TrainerLimits`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from project.errors import UserError
+from project.parallel.stream import GlobalBatchStream
+
+#: The Trainer setting that limits each stage's batches.
+SETTINGS = {
+    "training": "limit_train_batches",
+    "validation": "limit_val_batches",
+    "test": "limit_test_batches",
+    "predict": "limit_predict_batches",
+}
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The samples one ``limit_*_batches`` keeps.
+
+    Attributes:
+        setting: ``limit_val_batches``, ...
+        value: What the user set (an int number of batches, or a fraction).
+        batches: Batches kept (global batches for training); ``None``: all of a stream.
+        batch_size: Samples per batch (the global micro-batch for training).
+        samples: Samples kept; ``None``: all of a stream.
+        total: Samples there are (an epoch's whole global batches for training); ``None``: a stream.
+        shards: Samples of each process (evaluation).
+    """
+
+    setting: str
+    value: int | float
+    batches: int | None
+    batch_size: int
+    samples: int | None
+    total: int | None
+    shards: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, for ``plan.json`` and ``plan``."""
+        data = {"setting": self.setting, "value": self.value, "batches": self.batches, "batch_size": self.batch_size}
+        data.update(samples=self.samples, of=self.total)
+        return {**data, "per_process": list(self.shards)} if self.shards else data
+
+    def describe(self) -> str:
+        """One phrase: what the limit keeps, in samples."""
+        head = f"{self.setting}={self.value}"
+        if self.setting == SETTINGS["training"]:
+            if self.total is None:
+                if self.batches is None:
+                    return f"{head}: the whole stream, in global batches of {self.batch_size}"
+                return f"{head}: at most {self.batches} global batches of {self.batch_size} ({self.samples} samples)"
+            if self.samples == self.total:
+                return f"{head}: all {self.batches} global batches of {self.batch_size} ({self.total} samples) an epoch"
+            return (
+                f"{head}: {self.batches} global batches of {self.batch_size} = {self.samples} of the "
+                f"{self.total} samples of an epoch"
+            )
+        which = "all" if self.samples == self.total else f"the first {self.samples} of"
+        shards = f", {' + '.join(map(str, self.shards))} per process" if len(self.shards) > 1 else ""
+        return f"{head}: {which} {self.total} samples ({self.batches} batches of {self.batch_size}{shards})"
+
+
+def is_whole(value: int | float | None) -> bool:
+    """Whether a limit keeps everything (the float 1.0; the int 1 is one batch)."""
+    return isinstance(value, float) and value == 1.0
+
+
+def kept_batches(setting: str, value: int | float, batches: int) -> int:
+    """The batches a limit keeps of ``batches``, as Lightning counts them on one process.
+
+    Raises:
+        UserError: a fraction that keeps less than one batch (Lightning refuses it too, later, with a traceback).
+    """
+    if isinstance(value, int):
+        return min(batches, value)
+    kept = int(batches * value)
+    if kept == 0 and value > 0 and batches > 0:
+        raise UserError(
+            f"trainer.{setting}={value} of {batches} batches is less than one batch; use at least "
+            f"{1 / batches:.4g}, or an int number of batches"
+        )
+    return kept
+
+
+def shard_sizes(samples: int, world_size: int) -> tuple[int, ...]:
+    """Samples of each rank's contiguous shard (the first ranks take one more), as EvalShardSampler cuts them."""
+    size, extra = divmod(samples, world_size)
+    return tuple(size + (1 if rank < extra else 0) for rank in range(world_size))
+
+
+def evaluation_limit(setting: str, value: int | float, dataset_size: int, batch_size: int, world_size: int) -> Limit:
+    """The dataset's first samples that ``value`` keeps, in whole batches of ``batch_size``, sharded over the ranks."""
+    batches = math.ceil(dataset_size / batch_size)
+    kept = kept_batches(setting, value, batches)
+    samples = min(dataset_size, kept * batch_size)
+    return Limit(setting, value, kept, batch_size, samples, dataset_size, shard_sizes(samples, world_size))
+
+
+def training_limit(value: int | float, global_batches: int, global_batch_size: int) -> Limit:
+    """The global (micro-)batches of an epoch that ``limit_train_batches`` keeps (map-style data)."""
+    kept, total = kept_batches(SETTINGS["training"], value, global_batches), global_batches * global_batch_size
+    return Limit(SETTINGS["training"], value, kept, global_batch_size, kept * global_batch_size, total)
+
+
+def stream_limit(value: int | float, global_batch_size: int) -> Limit:
+    """``limit_train_batches`` for a training stream: an int number of global batches, or the whole stream.
+
+    Raises:
+        UserError: a fraction other than 1.0 (a stream's length is unknown until it ends).
+    """
+    setting = SETTINGS["training"]
+    if isinstance(value, float) and value != 1.0:
+        raise UserError(
+            f"trainer.{setting}={value} is a fraction of a training stream (an IterableDataset), whose length is "
+            "unknown until it ends; use an int number of global batches, or 1.0"
+        )
+    if isinstance(value, float):
+        return Limit(setting, value, None, global_batch_size, None, None)
+    return Limit(setting, value, value, global_batch_size, value * global_batch_size, None)
+
+
+class EndAwareStream(GlobalBatchStream):
+    """A :class:`~project.parallel.stream.GlobalBatchStream` that reads one sample ahead of the loader.
+
+    With an int ``limit_train_batches`` Lightning knows the loader's length and fetches no batch ahead, so the
+    stream would learn that it ended only after its last batch, past the point where validation is decided. One
+    sample ahead, its ``exhausted`` is set while its last batch is fetched (as Lightning's own prefetching does
+    for a stream of unknown length), before that batch is trained: a checkpoint still sees it unfinished.
+    """
+
+    def __iter__(self) -> Iterator[Any]:
+        """This rank's samples, as the parent yields them."""
+        samples, end = super().__iter__(), object()
+        ahead = next(samples, end)
+        while ahead is not end:
+            current, ahead = ahead, next(samples, end)
+            yield current
+
+
+def refuse_unreachable_validation(trainer: Any, global_batches: int) -> None:
+    """Refuse an int ``val_check_interval`` beyond the training batches of an epoch: validation would never run.
+
+    Lightning refuses it too, but only after the sanity check, with a traceback. With
+    ``check_val_every_n_epoch: null`` the interval counts batches across epochs and is reachable.
+
+    Args:
+        trainer: The Trainer, or anything with its ``val_check_interval``, ``check_val_every_n_epoch``,
+            ``limit_val_batches`` and ``limit_train_batches`` (``plan`` passes the config's).
+        global_batches: The global (micro-)batches of a training epoch (map-style data).
+
+    Raises:
+        UserError: validation is unreachable.
+    """
+    interval = trainer.val_check_interval
+    if not isinstance(interval, int) or isinstance(interval, bool):
+        return
+    train = kept_batches(SETTINGS["training"], trainer.limit_train_batches, global_batches)
+    if trainer.check_val_every_n_epoch is None or not trainer.limit_val_batches or interval <= train:
+        return
+    limit = trainer.limit_train_batches
+    cut = "" if is_whole(limit) else f" (limit_train_batches={limit} of its {global_batches} global batches)"
+    raise UserError(
+        f"trainer.val_check_interval={interval} is more than the {train} training batches of an epoch{cut}: "
+        f"validation and the best checkpoint would never run; set it to {train} or less, or "
+        "check_val_every_n_epoch: null to count batches across epochs"
+    )
+
+
+class TrainerLimits:
+    """The user's ``limit_*_batches``, read once per stage, and the Trainer's per-process limits the layer lifts."""
+
+    def __init__(self) -> None:
+        self._user: dict[str, int | float] = {}
+        self._val_check_batch: Any = None  # Lightning's own, while the end of a stream brings validation forward
+        self._said = False
+
+    def user_value(self, trainer: Any, stage: str) -> int | float:
+        """The limit the user set for ``stage`` (read before the layer lifts the Trainer's)."""
+        setting = SETTINGS[stage]
+        return self._user.setdefault(setting, getattr(trainer, setting))
+
+    def lift(self, trainer: Any, stage: str) -> None:
+        """Let the Trainer cut nothing of the shards the layer narrowed already (an int cannot cut them)."""
+        value = self.user_value(trainer, stage)
+        if isinstance(value, float) and value > 0:
+            setattr(trainer, SETTINGS[stage], 1.0)
+
+    def restore(self, trainer: Any) -> None:
+        """The user's limits back on the Trainer (at teardown: the next run of it reads them afresh)."""
+        for setting, value in self._user.items():
+            setattr(trainer, setting, value)
+        self._user.clear()
+
+    def at_epoch_start(self, trainer: Any) -> None:
+        """Lightning's validation schedule back, if the previous epoch's stream end brought it forward."""
+        if self._val_check_batch is not None:
+            trainer.val_check_batch, self._val_check_batch = self._val_check_batch, None
+
+    def at_stream_end(self, trainer: Any, batch_idx: int, global_batch_size: int) -> None:
+        """The training stream ended with batch ``batch_idx``: validate now if validation was due later.
+
+        A stream shorter than ``limit_train_batches`` (or an int ``val_check_interval``) would otherwise never
+        be validated, nor its best checkpoint saved; its length is known only now. Every rank reads the same
+        stream, so every rank decides alike.
+        """
+        due, every, batches = trainer.val_check_batch, trainer.check_val_every_n_epoch, batch_idx + 1
+        if not isinstance(due, int) or batches >= due or every is None or not trainer.enable_validation:
+            return
+        if (trainer.current_epoch + 1) % every != 0:
+            return
+        if self._val_check_batch is None:
+            self._val_check_batch = due
+        trainer.val_check_batch = batches  # Lightning validates when (batch_idx + 1) % val_check_batch == 0
+        if self._said or not trainer.is_global_zero:
+            return
+        self._said = True
+        # An int val_check_interval is the count itself; otherwise the limit set it (a fraction of the limit).
+        name = "val_check_interval" if isinstance(trainer.val_check_interval, int) else "limit_train_batches"
+        sys.stderr.write(
+            f"warning: the training stream ended after {batches} global batches ({batches * global_batch_size} "
+            f"samples) in epoch {trainer.current_epoch}, before validation was due (batch {due}, "
+            f"trainer.{name}={getattr(trainer, name)}): it would never run, so it runs at the stream's end "
+            f"instead; set --trainer.{name} {batches} or less\n"
+        )
