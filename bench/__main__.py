@@ -24,13 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ablate", action="store_true", help="also run the template without the callbacks that act on every step"
     )
+    parser.add_argument(
+        "--startup", action="store_true", help="only start-up: 1, 2, 4 processes to the first step, and the commands"
+    )
     parser.add_argument("--out", type=Path, default=None, help="where results.md and results.png go")
     parser.add_argument("--work", type=Path, default=None, help="scratch directory: data, runs, results.json")
     parser.add_argument("--render", type=Path, default=None, help="only write the table and plot of a results.json")
     args = parser.parse_args(argv)
-    mode = "quick" if args.quick else "full"
-    # Absolute: every run starts in its own directory.
-    out = (args.out or (RESULTS / "tmp" / "quick" if args.quick else RESULTS)).resolve()
+    mode = "quick" if args.quick else "startup" if args.startup else "full"
+    # Absolute: every run starts in its own directory. A start-up run never replaces the full run's results.
+    default_out = {"quick": RESULTS / "tmp" / "quick", "startup": RESULTS / "startup", "full": RESULTS}[mode]
+    out = (args.out or default_out).resolve()
     work = (args.work or RESULTS / "tmp" / mode).resolve()
     repeats = args.repeats or (1 if args.quick else 3)
     out.mkdir(parents=True, exist_ok=True)
@@ -42,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         if not has_gpu:
             gpu_note = f"skipped: {gpu_note}"
         print(f"bench ({mode}): {repeats} repeat(s); GPU row: {gpu_note}", flush=True)
-        found = rows(args.quick, has_gpu, args.ablate)
+        found = rows(args.quick, has_gpu and not args.startup, args.ablate, args.startup)
         results = run_all(found, repeats, work, args.threads, args.quick, log=lambda line: print(line, flush=True))
         info = machine()
         (work / "results.json").write_text(to_json(results, info, gpu_note) + "\n")

@@ -126,13 +126,18 @@ def latency_commands(quick: bool = False) -> dict[str, dict[str, list[str]]]:
     python = sys.executable
     if quick:
         return {"--help": {"raw": [python, str(REPO / "bench/raw.py"), "--help"]}}
+    digits = str(REPO / "configs/digits.yaml")
     return {
         "--help": {
             "raw": [python, str(REPO / "bench/raw.py"), "--help"],
             "plain": [python, "-m", "bench.plain", "--help"],
             "template": [python, "-m", "project", "--help"],
         },
-        "plan": {"template": [python, "-m", "project", "plan", "--config", str(REPO / "configs/digits.yaml")]},
+        # What `plan`, a command's --help and a refusal may cost at most: Lightning's own import, + 1 s.
+        "import lightning": {"plain": [python, "-c", "import lightning"]},
+        "plan": {"template": [python, "-m", "project", "plan", "--config", digits]},
+        "fit --help": {"template": [python, "-m", "project", "fit", "--help"]},
+        "refusal": {"template": [python, "-m", "project", "fit", "--config", digits, "--parallel.scenario", "warp"]},
     }
 
 

@@ -153,10 +153,13 @@ def run_once(variant: str, row: Row, repeat: int, inputs: tuple[Path, Path], wor
 
 
 def time_command(args: list[str], threads: int) -> float:
-    """Wall seconds of a command that starts and exits (it must succeed)."""
+    """Wall seconds of a command that starts and exits: it must succeed, or refuse in one line (exit code 2)."""
     start = time.time()
     env = environment(None, None, threads=threads)
-    subprocess.run(args, cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
+    done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    refused = done.returncode == 2 and done.stderr.strip().splitlines()[-1:] != [] and "Traceback" not in done.stderr
+    if done.returncode != 0 and not refused:
+        raise subprocess.CalledProcessError(done.returncode, args, done.stdout, done.stderr)
     return time.time() - start
 
 

@@ -180,12 +180,49 @@ def startup_table(rows: list[RowResult], latency: list[LatencyResult]) -> list[s
     for item in latency:
         raw, plain, tpl = (item.median(v) for v in shown)
         diff = None if raw is None or tpl is None else tpl - raw
-        what = "`--help`" if item.name == "--help" else "`plan --config configs/digits.yaml` (template only)"
+        what = {
+            "plan": "`plan --config configs/digits.yaml`",
+            "refusal": "`fit ... --parallel.scenario warp` (a one-line refusal)",
+            "import lightning": '`python -c "import lightning"`',
+        }.get(item.name, f"`{item.name}`")
         lines.append(
             f"| {what} | {_num(raw, 2)} | {_num(plain, 2)} | {_num(tpl, 2)} | {_num(diff, 2)} "
             f"| {_ratio(tpl, raw)} | — | — |"
         )
-    return lines
+    return [*lines, "", *startup_targets(rows, latency)]
+
+
+#: Start-up targets: several processes start as fast as one; one as fast as plain Lightning; commands that do not
+#: train cost at most Lightning's own import.
+STARTUP_TARGETS_S = {"processes": 1.5, "plain": 1.5, "import": 1.0}
+
+
+def startup_targets(rows: list[RowResult], latency: list[LatencyResult]) -> list[str]:
+    """The start-up targets, each as a difference of medians from this run (``-`` where a side is missing)."""
+    one = next((r for r in rows if r.row.processes == 1 and r.row.device == "cpu"), None)
+    tpl_one = one.median("template", "startup_s") if one else None
+    lines = ["| start-up target | seconds | target | met |", "| --- | ---: | --- | :-: |"]
+
+    def line(what: str, value: float | None, limit: float) -> None:
+        met = None if value is None else value <= limit
+        lines.append(f"| {what} | {_num(value, 2)} | <= {limit:g} s | {_met(met)} |")
+
+    for result in rows:
+        tpl = result.median("template", "startup_s")
+        if result.row.processes > 1 and tpl is not None and tpl_one is not None:
+            line(
+                f"template, {result.row.processes} processes - 1 process", tpl - tpl_one, STARTUP_TARGETS_S["processes"]
+            )
+    plain_one = one.median("plain", "startup_s") if one else None
+    if tpl_one is not None and plain_one is not None:
+        line("template - plain Lightning, 1 process", tpl_one - plain_one, STARTUP_TARGETS_S["plain"])
+    by_name = {item.name: item for item in latency}
+    base = by_name["import lightning"].median("plain") if "import lightning" in by_name else None
+    for name in ("plan", "fit --help", "refusal"):
+        tpl = by_name[name].median("template") if name in by_name else None
+        if tpl is not None and base is not None:
+            line(f"`{name}` - `import lightning`", tpl - base, STARTUP_TARGETS_S["import"])
+    return [*lines, ""]
 
 
 def markdown(results: dict[str, Any], machine: dict[str, Any], gpu_note: str, quick: bool) -> str:

@@ -177,7 +177,11 @@ QUICK_REGRESSION = replace(REGRESSION, steps=60, warmup=10)
 GPU = replace(MID, name="gpu", steps=600, warmup=100, max_processes=1)
 
 
-def rows(quick: bool, gpu: bool, ablate: bool = False) -> list[Row]:
+#: ``--startup``: the small MLP on 1, 2 and 4 processes, few steps: command to first step is what is measured.
+STARTUP = replace(SMALL, name="startup", steps=120, warmup=20, max_processes=4)
+
+
+def rows(quick: bool, gpu: bool, ablate: bool = False, startup: bool = False) -> list[Row]:
     """The throughput rows of a run.
 
     Args:
@@ -185,7 +189,10 @@ def rows(quick: bool, gpu: bool, ablate: bool = False) -> list[Row]:
         gpu: One GPU is there: add the GPU row.
         ablate: Also run the template without the callbacks that act on every step, and once with its
             per-step hooks timed.
+        startup: Only the start-up rows (1, 2 and 4 processes, raw, plain and template, few steps).
     """
+    if startup:
+        return [Row(STARTUP, n, variants=("raw", "plain", "template")) for n in (1, 2, 4)]
     if ablate:
         return [replace(row, variants=(*row.variants, "lean", "hooks")) for row in rows(quick, gpu)]
     if quick:
