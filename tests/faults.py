@@ -15,6 +15,7 @@ from pathlib import Path
 import lightning as L
 from torch import Tensor
 
+from project.checkpoints import pending
 from project.models.classifier import Batch, Classifier
 
 
@@ -43,6 +44,9 @@ class KillAtStep(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         """Die at the chosen step on the chosen rank."""
         if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            # The checkpoint saved a few steps before is complete first: on a loaded machine its background write
+            # can outlast those steps, and the test is of a kill between saves (KillDuringSave kills within one).
+            pending.wait_for()
             _stamp(self.stamp)
             os.kill(os.getpid(), self.signum)
 
