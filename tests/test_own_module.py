@@ -11,6 +11,7 @@ from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, run_cli, run_dirs, two_at_a_
 
 OWN = str(CONFIGS / "own_module.yaml")
 NO_TEST = ["--model", "user_shapes.NoTestStepModule", "--data", "user_code.PlainDigits", "--trainer.max_epochs", "1"]
+NO_TEST += ["--trainer.limit_train_batches", "10"]
 QUIET = ["--config", FAST, "--trainer.limit_val_batches", "2"]
 
 
