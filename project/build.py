@@ -33,6 +33,7 @@ from project.checkpoints.io import with_atomic_checkpoint_io
 from project.checkpoints.resume import Chosen, choose_checkpoint
 from project.config_errors import ProjectArgumentParser, root_cause
 from project.errors import UserError
+from project.launch.ranks import confirm_started_ranks
 from project.parallel.compile import CompileAfterWrap
 from project.parallel.config import Hardware, ParallelConfig
 from project.parallel.environment import detect_environment, refuse_stray_rank
@@ -206,6 +207,7 @@ class ProjectCLI(LightningCLI):
             self.chosen = choose_checkpoint(self.command, config.ckpt_path, config.get("resume"), config.trainer, run)
         parallel = config.get("parallel")
         if parallel is None and self.command != "plan":
+            confirm_started_ranks(None)  # ranks forked at start-up for a section the parser does not see: refused
             return
         self._refuse_trainer_overlap(parallel)
         settings = ParallelConfig(**parallel.as_dict()) if parallel is not None else ParallelConfig()
@@ -226,6 +228,8 @@ class ProjectCLI(LightningCLI):
             )
             seed = config.get("seed_everything")
             self.loaders = LoaderGuaranteesCallback(resolve, seed if isinstance(seed, int) else 0, self._resuming())
+            # After the plan read the environment: the forked ranks must match it, then Lightning starts none.
+            confirm_started_ranks(self.plan)
 
     def configured_lr(self) -> float | None:
         """The learning rate of the config's ``optimizer:`` section, if it has one."""

@@ -34,6 +34,10 @@ def exit_with(error: BaseException, code: int = USAGE_EXIT_CODE) -> NoReturn:
     message = " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
     rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
     prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
+    if prefix:
+        from project.launch.child import wait_for_rank_zero  # the standard library only
+
+        wait_for_rank_zero()  # a rank forked with rank 0 that fails before the ranks met: rank 0 reports it
     sys.stderr.write(f"{prefix}error: {message}\n")
     sys.stderr.flush()
     raise SystemExit(code)

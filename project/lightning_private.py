@@ -6,7 +6,8 @@ Importing this module imports nothing from Lightning (``project.export`` uses it
 1. The processes Lightning's launcher started. ``trainer.strategy.launcher`` is public, but the
    processes it started for ranks 1..N-1 are ``_SubprocessScriptLauncher.procs`` (no public accessor).
    Needed to name the rank that died first and to stop the others when rank 0 fails: Lightning kills
-   them only on Ctrl+C.
+   them only on Ctrl+C. The ranks rank 0 forked itself at start-up (:mod:`project.launch.ranks`, when
+   Lightning's launcher starts none) are listed and stopped with them.
 2. The name of Fabric's module wrapper (``_FabricModule``, holding the module at ``_forward_module``),
    which ``project.export.unwrap`` sees through by class name, so that it never imports Lightning. (The
    Trainer wraps a LightningModule in DDP itself, which ``unwrap`` handles as plain torch.)
@@ -30,6 +31,8 @@ import signal
 import subprocess
 from typing import Any
 
+from project.launch.ranks import ForkedRank, started_ranks, stop_started_ranks
+
 #: Fabric's wrapper class, which holds the wrapped module at ``_forward_module``.
 WRAPPER_CLASS_NAMES = frozenset({"_FabricModule"})
 #: Where those wrappers keep the module they wrap.
@@ -40,17 +43,18 @@ MESH_SIZE_ATTRIBUTES = ("_data_parallel_size", "_tensor_parallel_size")
 SUBPROCESS_LAUNCHER = "lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher"
 
 
-def launched_processes(strategy: Any) -> list[subprocess.Popen]:
-    """The processes (ranks 1..N-1 of this node) that Lightning's launcher started from this one; else ``[]``."""
+def launched_processes(strategy: Any) -> list[subprocess.Popen | ForkedRank]:
+    """The processes (ranks 1..N-1 of this node) that Lightning's launcher started or this one forked; else ``[]``."""
     launcher = getattr(strategy, "launcher", None)
-    return list(getattr(launcher, "procs", None) or [])
+    return [*(getattr(launcher, "procs", None) or []), *started_ranks()]
 
 
 def stop_launched_processes(strategy: Any) -> None:
-    """SIGKILL the ranks this process's launcher started (when rank 0 fails they would wait forever)."""
+    """SIGKILL the ranks this process started, by either way (when rank 0 fails they would wait forever)."""
     launcher = getattr(strategy, "launcher", None)
-    if launched_processes(strategy) and hasattr(launcher, "kill"):
+    if getattr(launcher, "procs", None) and hasattr(launcher, "kill"):
         launcher.kill(signal.SIGKILL)
+    stop_started_ranks()
 
 
 def set_mesh_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:

@@ -25,7 +25,8 @@ AFTER_KILL_S = 60
 AFTER_TIMEOUT_S = 30
 TIMEOUT_S = 20  # also the join timeout: a loaded machine can take over 10 s to start rank 1
 LAUNCHERS = {
-    "lightning": ("-m", "project"),
+    "lightning": ("-m", "project"),  # the template forks the ranks at once (project.launch)
+    "lightning-launcher": ("-m", "project"),  # with PROJECT_EARLY_LAUNCH=0: Lightning's launcher starts rank 1
     "torchrun": ("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "{port}", "-m", "project"),
 }
 
@@ -52,7 +53,8 @@ def run_with_fault(tmp_path: Path, launcher: str, fault: list[str]) -> tuple[obj
     tag, stamp = uuid.uuid4().hex, tmp_path / "fault_at"
     module = tuple(a.format(port=free_port()) for a in LAUNCHERS[launcher])
     args = [*FIT, *fault, "--trainer.callbacks.init_args.stamp", str(stamp)]
-    result = run_cli(args, tmp_path, env={"FAULT_RUN": tag}, timeout=240, module=module)
+    env = {"FAULT_RUN": tag, **({"PROJECT_EARLY_LAUNCH": "0"} if launcher == "lightning-launcher" else {})}
+    result = run_cli(args, tmp_path, env=env, timeout=240, module=module)
     ended = time.time()
     assert stamp.is_file(), "the fault never happened:\n" + result.stderr[-3000:]
     assert alive_with_tag(tag) == [], "processes of the run are still alive"
@@ -65,7 +67,7 @@ def test_a_killed_rank_ends_the_run_and_is_named(tmp_path, launcher):
     result, killed_at, ended = run_with_fault(tmp_path, launcher, kill)
     assert result.returncode != 0
     assert ended - killed_at < AFTER_KILL_S
-    if launcher == "lightning":
+    if launcher.startswith("lightning"):
         # Rank 0 started rank 1, so it knows which rank died and how.
         assert "Traceback" not in result.stderr, result.stderr[-3000:]
         assert re.search(r"^error: rank 1 \(pid \d+\) was killed by SIGKILL", result.stderr, re.M), result.stderr

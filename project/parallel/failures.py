@@ -29,6 +29,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from project.errors import RunFailure, UserError
+from project.launch.ranks import ForkedRank
 from project.lightning_private import launched_processes
 
 if TYPE_CHECKING:
@@ -127,12 +128,13 @@ def _gist(error: BaseException) -> str:
     return line.split(". ")[0][:160]
 
 
-def _failed_children(strategy: Any, wait_s: float) -> list[tuple[int, subprocess.Popen]]:
-    """(local rank, process) of the ranks this process started that ended with an error."""
+def _failed_children(strategy: Any, wait_s: float) -> list[tuple[int, subprocess.Popen | ForkedRank]]:
+    """(local rank, process) of the ranks this process started (launched or forked) that ended with an error."""
     procs = launched_processes(strategy)
     deadline = time.monotonic() + wait_s
     while True:
-        failed = [(i + 1, p) for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+        # Lightning's launcher lists local ranks 1..N-1 in order; a forked rank knows its own.
+        failed = [(getattr(p, "local_rank", i + 1), p) for i, p in enumerate(procs) if p.poll() not in (None, 0)]
         if failed or not procs or time.monotonic() >= deadline:
             return failed
         time.sleep(0.05)
