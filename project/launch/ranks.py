@@ -155,7 +155,8 @@ def confirm_started_ranks(plan: Any) -> None:
     os.environ.update(started.environment, LOCAL_RANK="0")
 
 
-def _ended(code: int) -> str:
+def how_it_ended(code: int) -> str:
+    """How a process with exit status ``code`` ended: ``was killed by SIGKILL``, ``exited with code 3``."""
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
@@ -175,7 +176,8 @@ def _watch(started: StartedRanks) -> None:
             with started.lock:
                 if started.ending:  # rank 0's own handling named it and stops the others
                     return
-                names = ", ".join(f"rank {r.local_rank} (pid {r.pid}) {_ended(r.returncode or 0)}" for r in failed)
+                ended = (f"rank {r.local_rank} (pid {r.pid}) {how_it_ended(r.returncode or 0)}" for r in failed)
+                names = ", ".join(ended)
                 sys.stderr.write(
                     f"error: {names}; rank 0 stopped the other ranks of this run. Read that rank's output above (a "
                     f"SIGKILL nobody sent is often the out-of-memory killer: see `dmesg`), {started.then}\n"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib
 import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Collection
@@ -29,7 +28,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from project.errors import RunFailure, UserError
-from project.launch.ranks import ForkedRank
+from project.launch.ranks import ForkedRank, how_it_ended
 from project.lightning_private import launched_processes
 
 if TYPE_CHECKING:
@@ -112,15 +111,6 @@ def _unused_parameters(trainer: L.Trainer) -> UnusedParametersError:
     return unused_parameters_error(model, names, when, uses_parallel_section(trainer))
 
 
-def _how_it_ended(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 def _gist(error: BaseException) -> str:
     """The backend's own words without its source location: "[pair.cc:534] Connection closed by peer ..."."""
     line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -181,7 +171,7 @@ def explain_rank_failure(
     resume = then
     if failed:
         first = trainer.node_rank * trainer.num_devices
-        names = ", ".join(f"rank {first + local} (pid {p.pid}) {_how_it_ended(p.returncode)}" for local, p in failed)
+        names = ", ".join(f"rank {first + local} (pid {p.pid}) {how_it_ended(p.returncode)}" for local, p in failed)
         return RankFailure(
             f"{names}; rank {rank} stopped the other ranks of this run. Read that rank's output above "
             f"(a SIGKILL nobody sent is often the out-of-memory killer: see `dmesg`), {resume}"
