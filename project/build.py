@@ -200,8 +200,9 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """Choose the checkpoint and resolve the layout, before anything is built."""
         config = self.config
+        environment = detect_environment()  # read once, before confirm_started_ranks sets this rank's variables
         if self.command != "plan":
-            refuse_stray_rank(detect_environment())
+            refuse_stray_rank(environment)
         if self.command not in ("plan", "check"):
             run = run_of_config(config.get("config") or [])
             self.chosen = choose_checkpoint(self.command, config.ckpt_path, config.get("resume"), config.trainer, run)
@@ -219,13 +220,11 @@ class ProjectCLI(LightningCLI):
         hardware = Hardware(torch.cuda.device_count()) if assumed is None else Hardware(assumed, assumed=True)
         self.plan_inputs = (settings, hardware)
         if self.command != "plan":  # `plan` resolves with the data batch size, and says why a launch would fail
-            self.plan = resolve_plan(settings, hardware, detect_environment(), None)
+            self.plan = resolve_plan(settings, hardware, environment, None)
             if self.plan.accelerator == "cpu":
                 processes = self.plan.devices if isinstance(self.plan.devices, int) else 1
                 apply_cpu_threads(processes, settings.cpu_threads, rank_zero_only.rank)
-            resolve = partial(
-                resolve_plan, settings, hardware, detect_environment(), configured_lr=self.configured_lr()
-            )
+            resolve = partial(resolve_plan, settings, hardware, environment, configured_lr=self.configured_lr())
             seed = config.get("seed_everything")
             self.loaders = LoaderGuaranteesCallback(resolve, seed if isinstance(seed, int) else 0, self._resuming())
             # After the plan read the environment: the forked ranks must match it, then Lightning starts none.
