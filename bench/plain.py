@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from bench.raw import network
 from bench.timing import StepTimer
-from project.parallel.sampling import GlobalBatchSampler
+from project.parallel.samplers import GlobalBatchSampler
 from project.parallel.strategies import ddp_buffer_kwargs
 
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.record import StepClock, weights_checksum, write_record
 from project.models.digits_net import DigitsNet
 from project.models.mlp import MLP
-from project.parallel.sampling import GlobalBatchSampler
+from project.parallel.samplers import GlobalBatchSampler
 
 
 def synchronize():

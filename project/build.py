@@ -13,7 +13,6 @@ import re
 import sys
 import warnings
 from dataclasses import replace
-from functools import partial
 from typing import Any, Literal
 
 import lightning as L
@@ -29,16 +28,17 @@ from project.callbacks import LoaderGuaranteesCallback, StragglerCallback, lists
 from project.callbacks.dispatch import skip_idle_batch_hooks
 from project.callbacks.model_checks import refuse_manual_accumulation
 from project.check.command import add_check_arguments, check_trainer_kwargs
-from project.checkpoints.io import with_atomic_checkpoint_io
+from project.checkpoints.background import with_atomic_checkpoint_io
 from project.checkpoints.resume import Chosen, choose_checkpoint
 from project.config_errors import ProjectArgumentParser, root_cause
 from project.errors import UserError
 from project.launch.ranks import confirm_started_ranks
 from project.parallel.compile import CompileAfterWrap
-from project.parallel.config import Hardware, ParallelConfig
-from project.parallel.environment import detect_environment, refuse_stray_rank
-from project.parallel.plan import Plan, resolve_plan
+from project.parallel.strategies import trainer_kwargs
 from project.parallel.threads import apply_cpu_threads
+from project.plan.config import Hardware, ParallelConfig
+from project.plan.environment import detect_environment, refuse_stray_rank
+from project.plan.resolve import Plan, resolve_plan
 from project.runs import run_of_config
 
 # Trainer settings that the plan decides when `parallel` is given.
@@ -220,13 +220,12 @@ class ProjectCLI(LightningCLI):
         hardware = Hardware(torch.cuda.device_count()) if assumed is None else Hardware(assumed, assumed=True)
         self.plan_inputs = (settings, hardware)
         if self.command != "plan":  # `plan` resolves with the data batch size, and says why a launch would fail
-            self.plan = resolve_plan(settings, hardware, environment, None)
+            self.plan = resolve_plan(settings, hardware, environment, None, self.configured_lr())
             if self.plan.accelerator == "cpu":
                 processes = self.plan.devices if isinstance(self.plan.devices, int) else 1
                 apply_cpu_threads(processes, settings.cpu_threads, rank_zero_only.rank)
-            resolve = partial(resolve_plan, settings, hardware, environment, configured_lr=self.configured_lr())
             seed = config.get("seed_everything")
-            self.loaders = LoaderGuaranteesCallback(resolve, seed if isinstance(seed, int) else 0, self._resuming())
+            self.loaders = LoaderGuaranteesCallback(self.plan, seed if isinstance(seed, int) else 0, self._resuming())
             # After the plan read the environment: the forked ranks must match it, then Lightning starts none.
             confirm_started_ranks(self.plan)
 
@@ -299,7 +298,7 @@ class ProjectCLI(LightningCLI):
         """The Trainer, with the plan's layout, atomic checkpoint IO and the template's callbacks."""
         trainer_config = self.config_init["trainer"]
         if self.plan is not None:
-            kwargs = {**self.plan.trainer_kwargs(), **kwargs}
+            kwargs = {**trainer_kwargs(self.plan), **kwargs}
         kwargs["plugins"] = with_atomic_checkpoint_io(trainer_config.get("plugins"))
         if trainer_config.get("profiler") is None and not trainer_config.get("barebones"):
             kwargs["profiler"] = NoProfiler()  # Lightning's default without its per-hook cost

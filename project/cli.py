@@ -33,10 +33,10 @@ from project.commands import split_command
 from project.config_errors import check_config_files
 from project.consolidate import consolidate
 from project.errors import UserError, run_reporting_user_errors
+from project.launch.ray import run_on_ray, submits_to_ray
 from project.lightning_private import stop_launched_processes
-from project.parallel.environment import LEGACY_FLAG_ENV, strip_legacy_local_rank
 from project.parallel.failures import defer_to_rank_zero, error_from_worker, explain_rank_failure
-from project.parallel.ray_job import run_on_ray, submits_to_ray
+from project.plan.environment import LEGACY_FLAG_ENV, strip_legacy_local_rank
 from project.plan_command import print_plan
 from project.runs import reserve_run_directory, run_directory
 
@@ -84,11 +84,17 @@ def execute(argv: list[str]) -> Run | None:
     refuse_unknown_weights(command, cli.model, cli.chosen, cli.config.get("ckpt_path"))
     refuse_mismatched_checkpoint(cli.chosen, cli.model, cli.trainer)
     if submits_to_ray(cli.plan):  # parallel.launcher: ray: Ray's workers run this same command; this process waits
-        run_on_ray(argv, command, cli.plan)
+        run_on_ray(argv, command, cli.plan, run_in_worker)
         return None
     run_command(command, cli)
     say_where_the_run_went(cli.trainer)
     return Run(command, cli)
+
+
+def run_in_worker(argv: list[str]) -> str | None:
+    """One worker of a submitted job (Ray's) runs the command: rank 0 returns its run directory."""
+    run = execute(argv)
+    return run_directory(run.trainer) if run is not None else None
 
 
 def refuse_unknown_weights(command: str, model: L.LightningModule, chosen: Chosen | None, asked: str | None) -> None:

@@ -13,12 +13,21 @@ T = TypeVar("T")
 USAGE_EXIT_CODE = 2
 
 
+#: Called before a rank other than 0 reports its error. A rank forked with rank 0 (:mod:`project.launch.early`)
+#: registers a wait here: it fails before the ranks met at the same mistake as rank 0, which reports it once.
+BEFORE_RANK_REPORT: list[Callable[[], None]] = []
+
+
 class UserError(Exception):
     """A mistake in what the user asked for; reported as one line, never as a traceback."""
 
 
 class RunFailure(RuntimeError):
     """A fault while running (a rank missing a barrier, a non-finite loss): one line, exit code 1."""
+
+
+class RankFailure(RunFailure):
+    """Another rank died, hung or failed: named in one line (:func:`project.parallel.failures.explain_rank_failure`)."""
 
 
 def debug_enabled() -> bool:
@@ -35,9 +44,8 @@ def exit_with(error: BaseException, code: int = USAGE_EXIT_CODE) -> NoReturn:
     rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
     prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
     if prefix:
-        from project.launch.child import wait_for_rank_zero  # the standard library only
-
-        wait_for_rank_zero()  # a rank forked with rank 0 that fails before the ranks met: rank 0 reports it
+        for hook in BEFORE_RANK_REPORT:
+            hook()
     sys.stderr.write(f"{prefix}error: {message}\n")
     sys.stderr.flush()
     raise SystemExit(code)

@@ -5,7 +5,6 @@ Nothing here imports Lightning, so :func:`rebuild` works in a plain Python proce
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from collections import Counter
@@ -19,6 +18,7 @@ from torch import nn
 from project.checkpoints.atomic import atomic_torch_save, atomic_write_text
 from project.checkpoints.diff import diff_state_dicts
 from project.checkpoints.loading import safe_load
+from project.dotted import import_object, names_object
 from project.errors import UserError
 from project.export_program import PROGRAM_FILE, PROGRAM_FORMAT, STATE_DICT_FORMAT, load_program
 from project.lightning_private import WRAPPER_ATTRIBUTE, WRAPPER_CLASS_NAMES
@@ -158,7 +158,7 @@ def check_rebuildable(spec: Mapping[str, Any], net: nn.Module) -> None:
     """
     where = f"export of {spec['class_path']}"
     try:
-        cls = _import_class(spec["class_path"])
+        cls = import_object(spec["class_path"])
         with torch.device("meta"):
             built = cls(**spec["init_args"])
     except Exception as error:  # any failure of the user's constructor means: cannot be rebuilt
@@ -173,15 +173,7 @@ def check_rebuildable(spec: Mapping[str, Any], net: nn.Module) -> None:
 
 def _builds(path: Any, cls: type) -> bool:
     """Whether a config's ``class_path`` names ``cls`` (``torch.nn.Linear`` is ``torch.nn.modules.linear.Linear``)."""
-    try:
-        return isinstance(path, str) and _import_class(path) is cls
-    except (ImportError, AttributeError, ValueError):
-        return False
-
-
-def _import_class(path: str) -> type:
-    module_name, _, class_name = path.rpartition(".")
-    return getattr(importlib.import_module(module_name), class_name)
+    return names_object(path, cls)
 
 
 def _module_class(path: Any, spec_file: Path) -> type[nn.Module]:
@@ -191,7 +183,7 @@ def _module_class(path: Any, spec_file: Path) -> type[nn.Module]:
     be a way to run arbitrary code either (``subprocess.Popen`` with ``init_args`` would run a command).
     """
     try:
-        found = _import_class(path) if isinstance(path, str) else None
+        found = import_object(path) if isinstance(path, str) else None
     except (ImportError, AttributeError, ValueError) as error:
         raise UserError(f"'{spec_file}' names class_path {path!r}, which cannot be imported ({error})") from error
     if not (isinstance(found, type) and issubclass(found, nn.Module)):

@@ -12,9 +12,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import IterableDataset
 
 from project.callbacks.model_checks import refuse_manual_accumulation
-from project.parallel.environment import detect_environment
 from project.parallel.fsdp import plan_units
-from project.parallel.layout import LaunchMismatchError
 from project.parallel.limits import (
     SETTINGS,
     Limit,
@@ -23,9 +21,11 @@ from project.parallel.limits import (
     stream_limit,
     training_limit,
 )
-from project.parallel.loaders import takes_eval_sampler
-from project.parallel.memory import estimate
-from project.parallel.plan import Plan, resolve_plan
+from project.parallel.sampler_install import takes_eval_sampler
+from project.plan.environment import detect_environment
+from project.plan.layout import LaunchMismatchError
+from project.plan.memory import estimate
+from project.plan.resolve import Plan, resolve_plan
 
 if TYPE_CHECKING:
     from project.build import ProjectCLI
@@ -78,7 +78,7 @@ def plan_limits(cli: ProjectCLI, plan: Plan) -> dict[str, list[Limit | str]]:
     data, per_device = cli.datamodule, plan.per_device_batch_size
     if data is None or per_device is None:
         return {}
-    settings, micro = trainer_limits(cli.config.trainer), per_device * plan.world_size
+    settings, micro = trainer_limits(cli.config.trainer), per_device * plan.dp_size
     found: dict[str, list[Limit | str]] = {}
     loader = data.train_dataloader()  # set up for fit by training_batch_size already
     if isinstance(getattr(loader, "dataset", None), IterableDataset):
@@ -103,7 +103,7 @@ def plan_limits(cli: ProjectCLI, plan: Plan) -> dict[str, list[Limit | str]]:
                 limits.append(f"{setting} counts each process's own batches: the layer's sampler does not apply")
                 continue
             value = getattr(settings, setting)
-            limits.append(evaluation_limit(setting, value, len(one.dataset), one.batch_size, plan.world_size))
+            limits.append(evaluation_limit(setting, value, len(one.dataset), one.batch_size, plan.dp_size))
         found[stage] = limits
     return found
 
@@ -133,8 +133,8 @@ def memory_estimate(cli: ProjectCLI, plan: Plan) -> dict[str, Any] | None:
     return estimate(
         cli.model,
         section.as_dict() if hasattr(section, "as_dict") else section,
-        planned="fsdp" if plan.scenario == "fsdp" else "ddp",
-        world_size=plan.world_size,
+        planned=plan.row.memory,
+        degrees=plan.degrees,
         per_node=plan.world_size // plan.num_nodes,
         sharding=settings.sharding,
         cpu_offload=settings.cpu_offload,
@@ -174,18 +174,19 @@ def print_plan(cli: ProjectCLI) -> None:
 
 
 def memory_table(memory: dict[str, Any]) -> Any:
-    """The ``memory`` block as a table: one row per kind of state, ddp beside fsdp, the planned one marked."""
+    """The ``memory`` block as a table: one row per kind of state, ddp, zero1 and fsdp side by side, planned marked."""
     from rich.table import Table
 
     model, optimizer, rows = memory["model"], memory["optimizer"], memory["per_device"]
     fsdp = rows["fsdp"]
     titles = {
-        "ddp": "ddp: a full replica",
-        "fsdp": f"fsdp {fsdp['sharding']}: / {fsdp['shard_degree']}"
+        "ddp": "ddp",
+        "zero1": f"zero1 / {rows['zero1']['shard_degree']}",
+        "fsdp": f"fsdp {fsdp['sharding']} / {fsdp['shard_degree']}"
         + (", offloaded" if "offloaded_to_host" in fsdp else ""),
     }
     table = Table(
-        title="memory per device (estimate)",
+        title="memory per device (estimate): ddp replicates everything, zero1 shards the optimizer state, fsdp all",
         caption_justify="left",
         caption=f"{model['name']}: {model['parameters']:,} parameters ({model['trainable']:,} trainable, "
         f"{', '.join(model['dtypes'])}); optimizer {optimizer['class_path']}: {optimizer['states_per_parameter']:g} "

@@ -19,8 +19,9 @@ from project.errors import UserError
 from project.models.classifier import Classifier
 from project.models.digits_net import DigitsNet
 from project.parallel.compile import compile_after_wrap, is_compiled
-from project.parallel.environment import LaunchEnvironment
-from project.parallel.plan import Hardware, ParallelConfig, resolve_plan
+from project.parallel.strategies import trainer_kwargs
+from project.plan.environment import LaunchEnvironment
+from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 
 from helpers import CPU_DDP, DIGITS, FAST, REPO, cli_env, read_plan, read_scalars, run_cli, run_dirs
 
@@ -33,13 +34,13 @@ def plan(gpus: int, **fields):
 
 def test_the_plan_owns_the_trainers_precision_and_shows_compile():
     cpu = plan(0, precision="bf16-mixed", compile=True)
-    assert cpu.trainer_kwargs()["precision"] == "bf16-mixed"
+    assert trainer_kwargs(cpu)["precision"] == "bf16-mixed"
     data = cpu.to_dict()
     assert data["precision"] == "bf16-mixed" and data["compile"] is True
     notes = " ".join(cpu.notes)
     assert "CPU autocast to bfloat16" in notes and "torch.compile" in notes
     gpus = plan(8, scenario="ddp", devices="all", precision="16-mixed")
-    assert gpus.trainer_kwargs()["precision"] == "16-mixed" and "gradient scaler" in " ".join(gpus.notes)
+    assert trainer_kwargs(gpus)["precision"] == "16-mixed" and "gradient scaler" in " ".join(gpus.notes)
     assert plan(0).to_dict()["precision"] == "32" and plan(0).to_dict()["compile"] is False
 
 

@@ -23,8 +23,8 @@ import torch
 from project.errors import UserError
 from project.launch import ranks
 from project.launch.preparse import processes_to_start
-from project.parallel.environment import detect_environment
-from project.parallel.plan import Hardware, ParallelConfig, resolve_plan
+from project.plan.environment import detect_environment
+from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 
 from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, run_cli, run_dirs, two_at_a_time
 

@@ -34,9 +34,9 @@ from project.consolidate import consolidate
 from project.errors import UserError
 from project.models.classifier import Classifier
 from project.models.digits_net import DigitsNet
-from project.parallel.environment import LaunchEnvironment
 from project.parallel.fsdp import default_wrap_classes, plan_units, resolve_wrap_classes, sharded_roots
-from project.parallel.plan import Hardware, ParallelConfig, resolve_plan
+from project.plan.environment import LaunchEnvironment
+from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 
 from helpers import (
     CONFIGS,
@@ -109,13 +109,13 @@ def plan(gpus: int, **fields):
 def test_fsdp_plans_its_sharding_on_gpus_and_on_cpu_processes():
     full = plan(8, scenario="fsdp")
     assert (full.strategy, full.backend, full.world_size) == ("fsdp", "nccl", 8)
-    assert full.degrees == {"dp_replicate": 1, "dp_shard": 8}
+    assert full.degrees == {"dp_replicate": 1, "dp_shard": 8, "tp": 1} and full.dp_size == 8
     assert full.strategy_args["sharding"] == "full" and full.strategy_args["reshard_after_forward"] is True
     grad_op = plan(8, scenario="fsdp", sharding="grad_op", cpu_offload=True, wrap_modules=["Linear"])
     assert grad_op.strategy_args["reshard_after_forward"] is False and grad_op.strategy_args["cpu_offload"] is True
     assert grad_op.strategy_args["wrap_modules"] == ["Linear"]
     hybrid = plan(8, scenario="fsdp", sharding="hybrid", num_nodes=2)
-    assert hybrid.world_size == 16 and hybrid.degrees == {"dp_replicate": 2, "dp_shard": 8}
+    assert hybrid.world_size == 16 and hybrid.degrees == {"dp_replicate": 2, "dp_shard": 8, "tp": 1}
     assert any("within each node (8 processes), replicated across 2 nodes" in note for note in hybrid.notes)
     cpu = plan(0, scenario="fsdp", devices=2)
     assert (cpu.accelerator, cpu.backend, cpu.devices, cpu.strategy) == ("cpu", "gloo", 2, "fsdp")
@@ -146,7 +146,7 @@ def test_plan_for_8_gpus_shows_fsdp_sharding_and_units(tmp_path):
     strategy = data["strategy"]
     assert strategy["name"] == "fsdp" and strategy["sharding"] == "full" and strategy["cpu_offload"] is False
     assert strategy["units"] == {"roots": ["net"], "classes": ["Linear", "BatchNorm1d"], "units": 5}
-    assert data["degrees"] == {"dp_replicate": 1, "dp_shard": 8} and data["backend"] == "nccl"
+    assert data["degrees"] == {"dp_replicate": 1, "dp_shard": 8, "tp": 1} and data["backend"] == "nccl"
     # plan refuses, at any world size (fit on several processes, before training): a class the networks lack.
     with pytest.raises(UserError, match=re.escape("'Conv2d', but Classifier's networks have no module of that class")):
         plan_units("fsdp", "single_device", Classifier(DigitsNet()), ["Conv2d"])
@@ -332,7 +332,7 @@ def killed(tmp_path_factory) -> Path:
 def test_fsdp_fit_trains_digits_tests_and_exports_a_plain_network(fsdp_run):
     plan = read_plan(fsdp_run)
     assert plan["scenario"] == "fsdp" and plan["world_size"] == 2 and plan["runtime"]["world_size"] == 2
-    assert plan["strategy"]["name"] == "fsdp" and plan["runtime"]["strategy"] == "FSDPStrategy"
+    assert plan["strategy"]["name"] == "fsdp" and plan["runtime"]["strategy"] == "FullyShardStrategy"
     logged = read_scalars(fsdp_run)["test/acc"][-1][1]
     assert logged >= 0.8  # one epoch (chance: 0.1)
     checkpoints = fsdp_run / "checkpoints"
@@ -393,7 +393,7 @@ def test_hybrid_sharding_over_two_nodes_with_accumulation_reaches_the_same_weigh
         assert node.returncode == 0, output[-4000:]
     (run,) = run_dirs(tmp_path)
     plan = read_plan(run)
-    assert plan["degrees"] == {"dp_replicate": 2, "dp_shard": 1} and plan["strategy"]["sharding"] == "hybrid"
+    assert plan["degrees"] == {"dp_replicate": 2, "dp_shard": 1, "tp": 1} and plan["strategy"]["sharding"] == "hybrid"
     assert plan["accumulation"] == 2 and syncs.read_text().split() == ["False", "True"] * (1398 // 32)
     assert_close_weights(weights(run / "checkpoints" / "last.ckpt"), weights(fsdp_run / "checkpoints" / "last.ckpt"))
 

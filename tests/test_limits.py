@@ -29,7 +29,7 @@ from project.parallel.limits import (
     stream_limit,
     training_limit,
 )
-from project.parallel.sampling import EvalShardSampler, GlobalBatchSampler
+from project.parallel.samplers import EvalShardSampler, GlobalBatchSampler
 from project.parallel.stream import GlobalBatchStream
 
 from helpers import CPU_DDP, DIGITS, FAST, read_plan, read_scalars, run_cli, run_dirs, two_at_a_time

@@ -10,7 +10,7 @@ from torch import nn
 
 from project.models.classifier import Classifier
 from project.models.digits_net import DigitsNet
-from project.parallel.memory import ModelCount, OptimizerCount, count_optimizer, human, per_device, shard_degree
+from project.plan.memory import ModelCount, OptimizerCount, count_optimizer, human, per_device, shard_degree
 
 from helpers import DIGITS, run_cli
 
@@ -77,7 +77,7 @@ def test_per_device_bytes_under_ddp_and_each_fsdp_sharding():
     assert full["buffers"]["bytes"] == 100 and full["total"]["bytes"] == 2100  # buffers are not sharded
     grad_op = per_device(count, optimizer, 8, "grad_op")
     assert grad_op["parameters"]["bytes"] == 4000 and grad_op["gradients"]["bytes"] == 500
-    assert shard_degree("hybrid", world_size=16, per_node=8) == 8 and shard_degree("full", 16, 8) == 16
+    assert shard_degree("hybrid", dp_size=16, per_node=8) == 8 and shard_degree("full", 16, 8) == 16
     odd = per_device(count, optimizer, 3, "full")
     assert odd["parameters"]["bytes"] == 1334  # padded up to whole shards
     offload = per_device(count, optimizer, 8, "full", cpu_offload=True)
@@ -86,6 +86,7 @@ def test_per_device_bytes_under_ddp_and_each_fsdp_sharding():
 
 def test_human_units():
     assert [human(n) for n in (0, 1023, 1024, 1536, 5 * 1024**3)] == ["0 B", "1023 B", "1 KiB", "1.5 KiB", "5 GiB"]
+    assert human(1012 * 1024) == "1012 KiB" and human(150 * 1024 + 600) == "151 KiB"
 
 
 def test_plan_for_8_gpus_shows_fsdp_precision_compile_and_memory_beside_ddp(tmp_path):
@@ -108,7 +109,7 @@ def test_plan_for_8_gpus_shows_fsdp_precision_compile_and_memory_beside_ddp(tmp_
     assert fsdp["total"]["bytes"] < ddp["total"]["bytes"] / 4
     text = run_cli(["plan", "--config", DIGITS, "--assume_gpus", "8", "--parallel.precision", "bf16-mixed"], tmp_path)
     assert text.returncode == 0, text.stderr[-3000:]
-    for words in ("memory per device", "ddp: a full replica (planned)", "fsdp full: / 8", "optimizer state"):
+    for words in ("memory per device", "ddp (planned)", "zero1 / 8", "fsdp full / 8", "optimizer state"):
         assert words in text.stdout, text.stdout
     assert "bf16-mixed" in text.stdout and "Not counted: activations" in " ".join(text.stdout.split())
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from project.errors import UserError
-from project.parallel.environment import LaunchEnvironment, detect_environment
-from project.parallel.plan import Hardware, ParallelConfig, ddp_buffer_kwargs, resolve_plan
+from project.parallel.strategies import ddp_buffer_kwargs, trainer_kwargs
+from project.plan.environment import LaunchEnvironment, detect_environment
+from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 
 LOCAL = LaunchEnvironment(launcher="lightning", external=False)
 
@@ -150,7 +151,7 @@ def test_plan_json_keys_and_seed_buffer_flag():
 def test_broadcast_buffers_maps_to_the_installed_torch_name_without_warning(recwarn):
     kwargs = ddp_buffer_kwargs(False)
     assert kwargs in ({"forward_sync_buffers": False}, {"broadcast_buffers": False})
-    strategy = plan(0, scenario="cpu", devices=2, broadcast_buffers=False).trainer_kwargs()["strategy"]
+    strategy = trainer_kwargs(plan(0, scenario="cpu", devices=2, broadcast_buffers=False))["strategy"]
     assert kwargs.items() <= strategy._ddp_kwargs.items()
     assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
 
@@ -210,7 +211,7 @@ BATCH_MATH = [
 
 @pytest.mark.parametrize(("given", "expected"), BATCH_MATH)
 def test_batch_math_derives_the_third_number(given, expected):
-    from project.parallel.batch import resolve_batch
+    from project.plan.batch import resolve_batch
 
     scenario, global_, data, world, per_device, accumulation = given
     got = resolve_batch(scenario, global_, data, world, per_device, accumulation)
@@ -238,7 +239,7 @@ def test_batch_math_refuses_what_does_not_divide_with_the_nearest_values(fields,
 
 def test_the_plan_owns_the_accumulation_and_says_it():
     got = plan(0, scenario="cpu", devices=4, global_batch_size=256, per_device_batch_size=16)
-    assert got.trainer_kwargs()["accumulate_grad_batches"] == 4 and got.to_dict()["accumulation"] == 4
+    assert trainer_kwargs(got)["accumulate_grad_batches"] == 4 and got.to_dict()["accumulation"] == 4
     assert any("4 micro-batches of 16" in note for note in got.notes)
 
 

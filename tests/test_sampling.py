@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from project.parallel.sampling import EvalShardSampler, GlobalBatchSampler
+from project.parallel.samplers import EvalShardSampler, GlobalBatchSampler
 
 
 def global_batches(n: int, global_batch: int, world: int, epoch: int = 0, shuffle: bool = True) -> list[list[int]]:

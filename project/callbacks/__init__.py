@@ -19,7 +19,7 @@ from project.callbacks.barrier import BarrierCallback
 from project.callbacks.best_checkpoint import BestCheckpoint
 from project.callbacks.checks import MonitoredMetricsCheck
 from project.callbacks.learning_rate import LearningRateCallback
-from project.callbacks.loaders import LoaderGuaranteesCallback
+from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.callbacks.model_checks import UnusedParametersCheck
 from project.callbacks.nonfinite import NonFiniteLossCallback
 from project.callbacks.predictions import PredictionsWriter, lists_prediction_writer

@@ -15,7 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from project.callbacks.loaders import LoaderGuaranteesCallback
+from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.models.step_logging import log_on_logged_steps
 
 

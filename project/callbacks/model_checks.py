@@ -28,8 +28,8 @@ from project.parallel.failures import (
 )
 
 if TYPE_CHECKING:
-    from project.parallel.config import ParallelConfig
-    from project.parallel.plan import Plan
+    from project.plan.config import ParallelConfig
+    from project.plan.resolve import Plan
 
 
 def _ddp_needing_every_gradient(trainer: L.Trainer) -> DistributedDataParallel | None:

@@ -31,7 +31,8 @@ from torch import Tensor
 
 from project.checkpoints import pending
 from project.errors import RunFailure, UserError
-from project.parallel.fsdp import sharded_grads_finite
+from project.parallel.fsdp import sharded_finite
+from project.parallel.strategies import row_of
 
 ACTIONS = ("stop", "skip")
 log = logging.getLogger(__name__)
@@ -72,8 +73,7 @@ def _weights_finite(trainer: L.Trainer) -> bool:
     Sharded (FSDP) parameters differ per rank: each checks its shard and the verdicts are all-reduced.
     """
     params = [param.detach() for param in trainer.lightning_module.parameters()]
-    sharded = sharded_grads_finite(params)
-    return sharded if sharded is not None else _all_finite(params)
+    return sharded_finite(params) if row_of(trainer.strategy).shards_parameters else _all_finite(params)
 
 
 def _gather(trainer: L.Trainer, tensor: Tensor) -> Tensor:
@@ -160,8 +160,9 @@ class NonFiniteLossCallback(L.Callback):
         else:
             # Under DDP the all-reduced gradients decide: a rank-local loss check could let ranks disagree.
             grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            sharded = sharded_grads_finite(grads)  # FSDP: each rank holds a shard; one all-reduced verdict
-            if sharded if sharded is not None else _all_finite(grads):
+            # FSDP: each rank holds a shard of the gradients; one all-reduced verdict.
+            sharded = row_of(trainer.strategy).grads_are_dtensors
+            if sharded_finite(grads) if sharded else _all_finite(grads):
                 return
         losses = trainer.strategy.all_gather(loss).reshape(-1).cpu() if trainer.world_size > 1 else loss.reshape(1)
         bad = [rank for rank, value in enumerate(losses.tolist()) if not math.isfinite(value)]

@@ -43,7 +43,7 @@ from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signatu
 
 from project.checkpoints.atomic import atomic_write_text
 from project.errors import UserError
-from project.parallel.sampling import EvalShardSampler
+from project.parallel.samplers import EvalShardSampler
 from project.runs import run_directory
 
 #: What ``predict_step`` may return per batch, for the error that says it returned something else.
@@ -207,7 +207,7 @@ class PredictionsWriter(BasePredictionWriter):
     """Collect each rank's predictions, one row per sample, and let rank 0 write them to the run directory.
 
     The parallel layer gives each rank one contiguous, unpadded shard
-    (:class:`~project.parallel.sampling.EvalShardSampler`), so the ranks' rows together are each sample
+    (:class:`~project.parallel.samplers.EvalShardSampler`), so the ranks' rows together are each sample
     once; each row keeps its sample's index (Lightning records what the sampler drew), and rank 0 writes
     them sorted by it. A multi-process ``predict`` over a loader without the layer's shards is refused.
 

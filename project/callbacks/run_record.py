@@ -7,7 +7,7 @@ from typing import Any
 
 import lightning as L
 
-from project.callbacks.loaders import LoaderGuaranteesCallback
+from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.checkpoints.atomic import atomic_write_text
 from project.runs import run_directory
 

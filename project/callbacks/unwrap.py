@@ -2,7 +2,7 @@
 
 During ``fit`` Lightning routes validation through the DDP wrapper. This callback evaluates the bare
 module instead, with every rank holding rank 0's buffers (so each rank evaluates exactly the model
-that is checkpointed and exported), over unpadded shards (see ``project.parallel.loaders``). At the
+that is checkpointed and exported), over unpadded shards (see ``project.parallel.sampler_install``). At the
 end of ``fit``, rank 0 alone exports the plain network of the best checkpoint (or of the final
 weights when there is none) to ``<run>/export/``. Whether that export can be rebuilt is checked at
 ``setup``, before training.
@@ -44,7 +44,7 @@ from project.export_program import (
     ProgramExportError,
     export_program,
 )
-from project.parallel.fsdp import is_sharded
+from project.parallel.strategies import row_of
 from project.runs import run_directory
 
 
@@ -131,7 +131,7 @@ class UnwrapEvalCallback(L.Callback):
         """Rank 0 records a program's example inputs from the network's next forward call (the first in training)."""
         if self._program and trainer.is_global_zero and self._recorder is None:
             _, net = find_network(unwrap(pl_module), self.net_attribute)
-            if not is_sharded(net):
+            if not row_of(trainer.strategy).shards_parameters:
                 self._recorder = InputRecorder(unwrap(net))
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -145,7 +145,7 @@ class UnwrapEvalCallback(L.Callback):
             broadcast_buffers_from_rank0(trainer, pl_module)
             self._wrapper = model
             trainer.strategy.model = pl_module
-        elif is_sharded(pl_module):
+        elif row_of(trainer.strategy).shards_parameters:
             broadcast_buffers_from_rank0(trainer, pl_module)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -167,7 +167,8 @@ class UnwrapEvalCallback(L.Callback):
         log_dir = run_directory(trainer)
         _, net = find_network(unwrap(pl_module), self.net_attribute)
         best = self._best_path(trainer)
-        gathered = _gather_full_state(net) if best is None and is_sharded(net) and not trainer.fast_dev_run else None
+        sharded = row_of(trainer.strategy).shards_parameters
+        gathered = _gather_full_state(net) if best is None and sharded and not trainer.fast_dev_run else None
         if not trainer.is_global_zero or log_dir is None or trainer.fast_dev_run:
             return
         folder = Path(log_dir) / "export"
@@ -178,7 +179,7 @@ class UnwrapEvalCallback(L.Callback):
             state = match_state_dict(checkpoint_weights(best), net)
         elif gathered is not None:
             state = gathered
-        spec = self._program_spec(net, state, folder) if self._program else self._spec
+        spec = self._program_spec(net, state, folder, sharded) if self._program else self._spec
         if state is not None:
             self.export_dir = export_state_dict(state, folder, spec)
         else:
@@ -188,7 +189,9 @@ class UnwrapEvalCallback(L.Callback):
     def _program(self) -> bool:
         return self._spec is not None and self._spec.get("format") == PROGRAM_FORMAT
 
-    def _program_spec(self, net: nn.Module, state: Mapping[str, Any] | None, folder: Path) -> dict[str, Any]:
+    def _program_spec(
+        self, net: nn.Module, state: Mapping[str, Any] | None, folder: Path, sharded: bool
+    ) -> dict[str, Any]:
         """Write ``model.pt2`` and say so, or say in one warning line why not: the export is the state dict only.
 
         The program's failures are not raised: training is over and its checkpoints are written, so a network
@@ -198,7 +201,7 @@ class UnwrapEvalCallback(L.Callback):
         network = self._spec["network"]
         example = self._recorder.example if self._recorder is not None else None
         try:
-            if is_sharded(net):
+            if sharded:
                 raise ProgramExportError(f"{network} is sharded (FSDP): a sharded network is not exported as a program")
             if example is None:
                 raise ProgramExportError(f"{network} was never called in training, so it has no example inputs")

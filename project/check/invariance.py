@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from project.parallel.collectives import gather_objects, process_group_size
-from project.parallel.sampling import GlobalBatchSampler
+from project.parallel.samplers import GlobalBatchSampler
 
 #: Weights may differ by float32 rounding of a differently ordered sum, no more.
 TOLERANCE = 1e-5
@@ -68,19 +68,27 @@ def weight_difference(device: torch.device) -> float:
 
 
 def sampler_matches_one_process(sampler: Any, batches: int = 4) -> bool | None:
-    """Whether the ranks' first ``batches`` global batches are one process's; ``None`` for another sampler.
+    """Whether the data-parallel ranks' first ``batches`` global batches are one process's (``None``: other sampler).
 
-    A copy of the installed sampler is iterated (the real one keeps its resume point for training).
+    The sampler was built over the layout's data-parallel degree (``num_replicas``), not the world size: the ranks of
+    one tensor-parallel group hold the same shard, which must then be the same. A copy of the installed sampler is
+    iterated (the real one keeps its resume point for training).
     """
     if not isinstance(sampler, GlobalBatchSampler):
         return None
     mine = copy.copy(sampler)
     mine.resume_point = None
     count = min(batches, mine.num_global_batches)
-    shards = gather_objects(list(itertools.islice(iter(mine), count * mine.batch_size)))
+    drawn_by_rank = gather_objects((mine.rank, list(itertools.islice(iter(mine), count * mine.batch_size))))
+    shards: dict[int, list[Any]] = {}
+    for dp_rank, shard in drawn_by_rank:
+        if shards.setdefault(dp_rank, shard) != shard:
+            return False  # two ranks of one data-parallel rank drew different samples
+    if sorted(shards) != list(range(mine.num_replicas)):
+        return False
     alone = GlobalBatchSampler(
         sampler.dataset,
-        sampler.global_batch_size,
+        sampler.samples_per_micro_step,
         shuffle=sampler.shuffle,
         seed=sampler.seed,
         with_epoch=sampler.with_epoch,
@@ -88,5 +96,5 @@ def sampler_matches_one_process(sampler: Any, batches: int = 4) -> bool | None:
     alone.set_epoch(sampler.epoch)
     expected = list(itertools.islice(iter(alone), count * alone.batch_size))
     b = mine.batch_size
-    drawn = [index for k in range(count) for shard in shards for index in shard[k * b : (k + 1) * b]]
+    drawn = [index for k in range(count) for r in range(mine.num_replicas) for index in shards[r][k * b : (k + 1) * b]]
     return drawn == expected

@@ -25,6 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
+from lightning.fabric.plugins import CheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from project.checkpoints import pending
@@ -123,3 +124,20 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
         done = self._executor.submit(fn, *args)
         self._in_flight.append((what, done))
         return done
+
+
+def with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
+    """The Trainer's ``plugins`` plus an atomic CheckpointIO, unless one CheckpointIO is already given.
+
+    The one installed writes in the background
+    (:class:`BackgroundCheckpointIO`): a save costs the training a copy of the state.
+    """
+    if plugins is None:
+        listed: list[Any] = []
+    elif isinstance(plugins, (list, tuple)):
+        listed = list(plugins)
+    else:
+        listed = [plugins]
+    if any(isinstance(plugin, CheckpointIO) for plugin in listed):
+        return listed  # the user chose how checkpoints are written (e.g. a cloud store)
+    return [*listed, BackgroundCheckpointIO()]

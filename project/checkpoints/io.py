@@ -7,7 +7,7 @@ so the target is always either the previous or the new checkpoint.
 
 It also hands Lightning a checkpoint the CLI has already loaded (and checked) instead of reading the file
 again: see :meth:`AtomicCheckpointIO.preload`. The CLI installs it, writing on a background thread
-(:mod:`project.checkpoints.background`), for every run (:func:`with_atomic_checkpoint_io`).
+(:func:`project.checkpoints.background.with_atomic_checkpoint_io`), for every run.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
-from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
+from lightning.fabric.plugins import TorchCheckpointIO
 
 from project.checkpoints.atomic import atomic_write
 from project.checkpoints.sharded import is_sharded_checkpoint, load_full_checkpoint, write_file_over
@@ -61,22 +61,3 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def write(self, checkpoint: dict[str, Any], handle: IO[bytes]) -> None:
         """Serialise ``checkpoint`` into the open temporary file."""
         torch.save(checkpoint, handle)
-
-
-def with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
-    """The Trainer's ``plugins`` plus an atomic CheckpointIO, unless one CheckpointIO is already given.
-
-    The one installed writes in the background
-    (:class:`project.checkpoints.background.BackgroundCheckpointIO`): a save costs the training a copy of the state.
-    """
-    if plugins is None:
-        listed: list[Any] = []
-    elif isinstance(plugins, (list, tuple)):
-        listed = list(plugins)
-    else:
-        listed = [plugins]
-    if any(isinstance(plugin, CheckpointIO) for plugin in listed):
-        return listed  # the user chose how checkpoints are written (e.g. a cloud store)
-    from project.checkpoints.background import BackgroundCheckpointIO  # it builds on this module
-
-    return [*listed, BackgroundCheckpointIO()]

@@ -1,7 +1,7 @@
 """The loader settings the project's own tensor datamodules share, and a fast way to batch a TensorDataset.
 
 These are ordinary LightningDataModules with ordinary DataLoaders: world-size-invariant batches and
-exactly-once evaluation come from the parallel layer (``project.parallel.loaders``), which works on any
+exactly-once evaluation come from the parallel layer (``project.parallel.sampler_install``), which works on any
 datamodule's loaders, not from this base class.
 """
 

@@ -4,7 +4,7 @@ Before the ranks meet (no process group yet) every rank parses the same command 
 objects, so a mistake in them stops every rank at the same point. Rank 0 says it in one line and stops the
 others; under Lightning's launcher the others had not even started. A forked rank that fails there waits for
 rank 0 to stop it, and reports its error only if rank 0 does not (a mistake only this rank made). Imports
-nothing beyond the standard library: :func:`project.errors.exit_with` calls it.
+nothing beyond the standard library: a forked rank registers it with :data:`project.errors.BEFORE_RANK_REPORT`.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from project import errors
 from project.launch.child import PARENT_ENV, wait_for_rank_zero
 from project.launch.preparse import processes_to_start
 from project.launch.ranks import (
@@ -128,6 +129,7 @@ def _become_rank(local_rank: int, parent: int, environment: dict[str, str], keep
         keep.close()
     os.environ.update(environment)
     os.environ[PARENT_ENV] = str(parent)
+    errors.BEFORE_RANK_REPORT.append(wait_for_rank_zero)  # a mistake rank 0 makes too is reported once, by rank 0
     # Lightning set this from the environment when rank 0 imported it; this rank's own import would read LOCAL_RANK.
     rank_zero_only.rank = local_rank
     # Die with rank 0 (killed, or crashed) instead of waiting at a collective until the timeout.

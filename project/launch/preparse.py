@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from project.parallel.config import ParallelConfig
+from project.plan.config import ParallelConfig
 
 #: ``PROJECT_EARLY_LAUNCH=0`` leaves starting the ranks to Lightning's launcher.
 OPT_OUT_ENV = "PROJECT_EARLY_LAUNCH"

@@ -15,7 +15,6 @@ setting the parallel section refuses). It becomes one line naming ``parallel.fin
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import subprocess
@@ -27,9 +26,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from project.errors import RunFailure, UserError
+from project.dotted import import_object
+from project.errors import RankFailure, RunFailure, UserError
 from project.launch.ranks import ForkedRank, how_it_ended
 from project.lightning_private import launched_processes
+from project.parallel.strategies import built_from_plan
 
 if TYPE_CHECKING:
     import lightning as L
@@ -49,10 +50,6 @@ _UNUSED_PARAMETERS = (
 DEFER_TO_RANK_ZERO_S = 10.0
 
 
-class RankFailure(RunFailure):
-    """A rank died or a collective did not complete: one line naming the rank, exit code 1."""
-
-
 class UnusedParametersError(UserError):
     """Trainable parameters got no gradient under DDP without ``find_unused_parameters``: one line, exit code 2."""
 
@@ -63,10 +60,8 @@ def parameters_without_gradient(module: nn.Module, ignored: Collection[str] = ()
 
 
 def uses_parallel_section(trainer: L.Trainer) -> bool:
-    """Whether the run's layout comes from the ``parallel`` section (its loader callback is installed)."""
-    from project.callbacks.loaders import LoaderGuaranteesCallback  # here: the callbacks import this module
-
-    return any(isinstance(callback, LoaderGuaranteesCallback) for callback in trainer.callbacks)
+    """Whether the run's strategy comes from the ``parallel`` section (built from its row), not ``trainer.strategy``."""
+    return built_from_plan(trainer.strategy)
 
 
 def unused_parameters_error(model: str, names: list[str], when: str, parallel: bool = True) -> UnusedParametersError:
@@ -206,7 +201,7 @@ def error_from_worker(error: BaseException) -> BaseException | None:
         return None
     module, name, message = found.groups()
     try:
-        cls = getattr(importlib.import_module(module), name)
+        cls = import_object(f"{module}.{name}")
     except (ImportError, AttributeError):
         return None
     return cls(message) if isinstance(cls, type) and issubclass(cls, (UserError, RunFailure)) else None

@@ -29,7 +29,6 @@ It runs on GPUs (nccl) and, where no GPU is visible, on CPU processes over gloo 
 
 from __future__ import annotations
 
-import importlib
 import uuid
 from collections import Counter
 from collections.abc import Generator, Iterable
@@ -45,16 +44,14 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from project.checkpoints.sharded import is_sharded_checkpoint, load_full_into, load_sharded_into, save_sharded
+from project.dotted import names_object
 from project.errors import UserError
 from project.lightning_private import set_mesh_sizes
+from project.plan.strategies import RESHARD_AFTER_FORWARD
 
 if TYPE_CHECKING:
     import lightning as L
     from torch.distributed.device_mesh import DeviceMesh
-
-#: ``parallel.sharding`` -> ``fully_shard``'s ``reshard_after_forward``.
-RESHARD_AFTER_FORWARD = {"full": True, "grad_op": False, "hybrid": True}
-DEFAULT_WRAP_RULE = "the outermost modules whose class occurs more than once in the network (default_wrap_classes)"
 
 
 def _has_parameters(module: nn.Module) -> bool:
@@ -128,7 +125,7 @@ def resolve_wrap_classes(module: nn.Module, wrap_modules: list[str] | None) -> l
     for name in wrap_modules:
         found = [cls for cls in present if name in _class_names(cls)]
         if not found and "." in name:
-            found = [cls for cls in present if _imports_as(name, cls)]
+            found = [cls for cls in present if names_object(name, cls)]
         if not found:
             have = ", ".join(sorted(cls.__name__ for cls in present)) or "none"
             raise UserError(
@@ -137,14 +134,6 @@ def resolve_wrap_classes(module: nn.Module, wrap_modules: list[str] | None) -> l
             )
         chosen += [cls for cls in found if cls not in chosen]
     return chosen
-
-
-def _imports_as(path: str, cls: type) -> bool:
-    module_name, _, name = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), name) is cls
-    except (ImportError, AttributeError, ValueError):
-        return False
 
 
 def describe_wrapping(module: nn.Module, wrap_modules: list[str] | None) -> dict[str, Any]:
@@ -229,17 +218,15 @@ def broadcast_from_rank0(module: nn.Module, device: torch.device) -> None:
                 tensor.copy_(staged)
 
 
-def sharded_grads_finite(grads: list[torch.Tensor]) -> bool | None:
-    """Whether sharded (FSDP) gradients are finite on every rank; ``None`` when they are not sharded.
+def sharded_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether sharded (FSDP) tensors (gradients, parameters) are finite on every rank.
 
-    Each rank holds its shard of the reduced gradients, so a nan may sit in one rank's shard only: each
-    rank checks its own and the verdicts are all-reduced (one one-element collective), so all ranks agree.
+    Each rank holds its shard, so a nan may sit in one rank's shard only: each rank checks its own and the
+    verdicts are all-reduced (one one-element collective), so all ranks agree.
     """
     from torch.distributed.tensor import DTensor
 
-    if not any(isinstance(g, DTensor) for g in grads):
-        return None
-    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
     norm = torch.nn.utils.get_total_norm(local, norm_type=2.0, foreach=True)
     bad = (~torch.isfinite(norm)).float().reshape(1)
     if dist.is_available() and dist.is_initialized():
@@ -247,7 +234,7 @@ def sharded_grads_finite(grads: list[torch.Tensor]) -> bool | None:
     return not bool(bad.item())
 
 
-class FSDPStrategy(ModelParallelStrategy):
+class FullyShardStrategy(ModelParallelStrategy):
     """FSDP2 over every process (or hybrid: sharded within a node, replicated across nodes), for any module.
 
     Args:
@@ -256,6 +243,8 @@ class FSDPStrategy(ModelParallelStrategy):
         wrap_modules: Class names or import paths of the modules that become units; ``None``: the default rule.
         process_group_backend: nccl | gloo; ``None``: Lightning's default for the device.
         timeout: How long a collective may wait.
+        data_parallel: The layout's data-parallel degree (replicas x shards); ``None``: every process.
+        tensor_parallel: The layout's tensor-parallel degree (1: none).
     """
 
     def __init__(
@@ -265,12 +254,15 @@ class FSDPStrategy(ModelParallelStrategy):
         wrap_modules: list[str] | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | None = None,
+        data_parallel: int | None = None,
+        tensor_parallel: int = 1,
     ) -> None:
         kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
         super().__init__(save_distributed_checkpoint=True, process_group_backend=process_group_backend, **kwargs)
         self.sharding = sharding
         self.cpu_offload = cpu_offload
         self.wrap_modules = wrap_modules
+        self.degrees = (data_parallel, tensor_parallel)
         self._shard_mesh: DeviceMesh | None = None
         self._gathered_for_evaluation: list[Any] = []
         self._before_sharding: dict[str, nn.Parameter] = {}
@@ -281,8 +273,9 @@ class FSDPStrategy(ModelParallelStrategy):
         super().connect(model)
 
     def setup_environment(self) -> None:
-        """One data-parallel dimension over all processes (no tensor parallelism); hybrid adds a 2-D mesh."""
-        set_mesh_sizes(self, self.num_nodes * self.num_processes, 1)
+        """The mesh of the layout's degrees (data parallel x tensor parallel); hybrid adds a 2-D data mesh."""
+        data_parallel, tensor_parallel = self.degrees
+        set_mesh_sizes(self, data_parallel or self.num_nodes * self.num_processes, tensor_parallel)
         super().setup_environment()
         if self.sharding == "hybrid":
             from torch.distributed.device_mesh import init_device_mesh
@@ -425,3 +418,16 @@ class FSDPStrategy(ModelParallelStrategy):
     on_test_end = on_validation_end
     on_predict_start = on_validation_start
     on_predict_end = on_validation_end
+
+
+def build(args: dict[str, Any], backend: str | None, degrees: dict[str, int]) -> FullyShardStrategy:
+    """The row's builder: :class:`FullyShardStrategy` with the plan's arguments and the layout's degrees."""
+    return FullyShardStrategy(
+        sharding=args["sharding"],
+        cpu_offload=args["cpu_offload"],
+        wrap_modules=args["wrap_modules"],
+        process_group_backend=backend,
+        timeout=timedelta(seconds=args["timeout_s"]),
+        data_parallel=degrees["dp_replicate"] * degrees["dp_shard"],
+        tensor_parallel=degrees.get("tp", 1),
+    )

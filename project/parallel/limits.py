@@ -6,12 +6,12 @@ first 3 batches of the dataset. Here a limit is read as Lightning reads it on on
 
 - ``limit_val_batches``, ``limit_test_batches``, ``limit_predict_batches``: an int ``N`` keeps the dataset's first
   ``N x batch_size`` samples (the loader's ``batch_size``); a fraction ``f`` keeps the first ``int(f x batches)``
-  whole batches of it (Lightning's rounding on one process). :class:`~project.parallel.sampling.EvalShardSampler`
+  whole batches of it (Lightning's rounding on one process). :class:`~project.parallel.samplers.EvalShardSampler`
   shards those samples over the ranks, each once, and the Trainer's per-process limit cuts nothing more: an int
   ``N`` cannot (no shard of ``N x batch_size`` samples holds more than ``N`` batches), a fraction is lifted to 1.0
   while the loaders are in use (:class:`TrainerLimits`).
 - ``limit_train_batches``: the layer's training batches are global (micro-)batches already
-  (:class:`~project.parallel.sampling.GlobalBatchSampler`, :class:`~project.parallel.stream.GlobalBatchStream`):
+  (:class:`~project.parallel.samplers.GlobalBatchSampler`, :class:`~project.parallel.stream.GlobalBatchStream`):
   each process has one batch per global batch, so Lightning's count is the global one at any world size.
 
 A ``val_check_interval`` beyond an epoch is refused before training (:func:`refuse_unreachable_validation`); a
@@ -121,13 +121,13 @@ def evaluation_limit(setting: str, value: int | float, dataset_size: int, batch_
     return Limit(setting, value, kept, batch_size, samples, dataset_size, shard_sizes(samples, world_size))
 
 
-def training_limit(value: int | float, global_batches: int, global_batch_size: int) -> Limit:
+def training_limit(value: int | float, global_batches: int, samples_per_micro_step: int) -> Limit:
     """The global (micro-)batches of an epoch that ``limit_train_batches`` keeps (map-style data)."""
-    kept, total = kept_batches(SETTINGS["training"], value, global_batches), global_batches * global_batch_size
-    return Limit(SETTINGS["training"], value, kept, global_batch_size, kept * global_batch_size, total)
+    kept, total = kept_batches(SETTINGS["training"], value, global_batches), global_batches * samples_per_micro_step
+    return Limit(SETTINGS["training"], value, kept, samples_per_micro_step, kept * samples_per_micro_step, total)
 
 
-def stream_limit(value: int | float, global_batch_size: int) -> Limit:
+def stream_limit(value: int | float, samples_per_micro_step: int) -> Limit:
     """``limit_train_batches`` for a training stream: an int number of global batches, or the whole stream.
 
     Raises:
@@ -140,8 +140,8 @@ def stream_limit(value: int | float, global_batch_size: int) -> Limit:
             "unknown until it ends; use an int number of global batches, or 1.0"
         )
     if isinstance(value, float):
-        return Limit(setting, value, None, global_batch_size, None, None)
-    return Limit(setting, value, value, global_batch_size, value * global_batch_size, None)
+        return Limit(setting, value, None, samples_per_micro_step, None, None)
+    return Limit(setting, value, value, samples_per_micro_step, value * samples_per_micro_step, None)
 
 
 class EndAwareStream(GlobalBatchStream):
@@ -221,7 +221,7 @@ class TrainerLimits:
         if self._val_check_batch is not None:
             trainer.val_check_batch, self._val_check_batch = self._val_check_batch, None
 
-    def at_stream_end(self, trainer: Any, batch_idx: int, global_batch_size: int) -> None:
+    def at_stream_end(self, trainer: Any, batch_idx: int, samples_per_micro_step: int) -> None:
         """The training stream ended with batch ``batch_idx``: validate now if validation was due later.
 
         A stream shorter than ``limit_train_batches`` (or an int ``val_check_interval``) would otherwise never
@@ -242,7 +242,7 @@ class TrainerLimits:
         # An int val_check_interval is the count itself; otherwise the limit set it (a fraction of the limit).
         name = "val_check_interval" if isinstance(trainer.val_check_interval, int) else "limit_train_batches"
         sys.stderr.write(
-            f"warning: the training stream ended after {batches} global batches ({batches * global_batch_size} "
+            f"warning: the training stream ended after {batches} global batches ({batches * samples_per_micro_step} "
             f"samples) in epoch {trainer.current_epoch}, before validation was due (batch {due}, "
             f"trainer.{name}={getattr(trainer, name)}): it would never run, so it runs at the stream's end "
             f"instead; set --trainer.{name} {batches} or less\n"

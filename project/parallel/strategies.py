@@ -1,31 +1,29 @@
-"""The table from scenario to Lightning strategy and its arguments: a new strategy is a row, not a branch.
+"""The Trainer's strategy built from the plan's row, inside the ranks (the table itself is pure: ``project.plan``).
 
-Each row says which arguments the plan shows (``args``, JSON-ready, under the seed's names) and how the
-Trainer's strategy is built from them (``build``). One process always runs ``single_device``.
+A row names its builder by import path (``module:function``); the builder gets the arguments the plan shows, the
+process-group backend and the layout's degrees. Callbacks, checkpoints and export ask :func:`row_of` what the
+running strategy does instead of sniffing its wrappers.
 """
 
 from __future__ import annotations
 
 import inspect
-import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
-from project.parallel.config import ParallelConfig
+from project.dotted import import_object
+from project.plan.environment import cluster_environment
+from project.plan.resolve import Plan
+from project.plan.strategies import STRATEGIES, StrategyRow
 
-
-@dataclass(frozen=True)
-class StrategyRow:
-    """One Lightning strategy: the plan's view of its arguments and how to build it."""
-
-    #: The arguments ``plan`` and ``plan.json`` show, from the ``parallel`` section and the launch.
-    args: Callable[[ParallelConfig, str], dict[str, Any]]
-    #: The Trainer's ``strategy`` from those arguments and the process-group backend.
-    build: Callable[[dict[str, Any], str | None], Any]
+#: The row of a run whose strategy is not the template's (``parallel: null``), by its Lightning class (the first
+#: match in its class's method resolution order); any other strategy shards nothing.
+LIGHTNING_ROWS = {"ModelParallelStrategy": "fsdp", "DDPStrategy": "ddp", "SingleDeviceStrategy": "single_device"}
+UNSHARDED = STRATEGIES["ddp"]
+#: The attribute a strategy built from a row carries its row name in.
+ROW_ATTRIBUTE = "project_strategy_row"
 
 
 def ddp_buffer_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
@@ -40,80 +38,71 @@ def ddp_buffer_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
     return {name: broadcast_buffers}
 
 
-def is_interactive() -> bool:
-    """A notebook or REPL, where processes must be forked (Lightning's own rule)."""
-    return hasattr(sys, "ps1") or bool(sys.flags.interactive) or "ipykernel" in sys.modules
+def build_auto(args: dict[str, Any], backend: str | None, degrees: dict[str, int]) -> Any:
+    """One process: Lightning picks the single-device strategy for the accelerator and device given."""
+    return "auto"
 
 
-def _ddp_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
-    return {
-        "find_unused_parameters": config.find_unused_parameters,
-        # The seed's name; build passes it under the installed torch's name.
-        "broadcast_buffers": config.broadcast_buffers,
-        "timeout_s": config.timeout_s,
-        "start_method": start_method,
-    }
-
-
-def _build_ddp(args: dict[str, Any], backend: str | None) -> Any:
-    from lightning.pytorch.strategies import DDPStrategy
-
+def ddp_kwargs(args: dict[str, Any], backend: str | None) -> dict[str, Any]:
+    """Lightning ``DDPStrategy`` keyword arguments from the plan's DDP arguments."""
     kwargs = dict(args)
     kwargs.update(ddp_buffer_kwargs(kwargs.pop("broadcast_buffers")))
-    return DDPStrategy(
-        process_group_backend=backend,
-        timeout=timedelta(seconds=kwargs.pop("timeout_s")),
-        start_method=kwargs.pop("start_method"),
-        **kwargs,
-    )
-
-
-def _fsdp_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
-    from project.parallel.fsdp import DEFAULT_WRAP_RULE, RESHARD_AFTER_FORWARD
-
     return {
-        "sharding": config.sharding,
-        "reshard_after_forward": RESHARD_AFTER_FORWARD[config.sharding],
-        "cpu_offload": config.cpu_offload,
-        "wrap_modules": list(config.wrap_modules) if config.wrap_modules is not None else None,
-        "wrap_rule": "parallel.wrap_modules" if config.wrap_modules is not None else DEFAULT_WRAP_RULE,
-        "checkpoint": "sharded (torch.distributed.checkpoint folder)",
-        "timeout_s": config.timeout_s,
+        "process_group_backend": backend,
+        "timeout": timedelta(seconds=kwargs.pop("timeout_s")),
+        "start_method": kwargs.pop("start_method"),
+        **kwargs,
     }
 
 
-def _build_fsdp(args: dict[str, Any], backend: str | None) -> Any:
-    from project.parallel.fsdp import FSDPStrategy
+def build_ddp(args: dict[str, Any], backend: str | None, degrees: dict[str, int]) -> Any:
+    """Lightning's ``DDPStrategy`` (data parallel over every process)."""
+    from lightning.pytorch.strategies import DDPStrategy
 
-    return FSDPStrategy(
-        sharding=args["sharding"],
-        cpu_offload=args["cpu_offload"],
-        wrap_modules=args["wrap_modules"],
-        process_group_backend=backend,
-        timeout=timedelta(seconds=args["timeout_s"]),
-    )
+    return DDPStrategy(**ddp_kwargs(args, backend))
 
 
-STRATEGIES: dict[str, StrategyRow] = {
-    # One process: Lightning picks the single-device strategy for the accelerator and device given.
-    "single_device": StrategyRow(args=lambda config, start_method: {}, build=lambda args, backend: "auto"),
-    "ddp": StrategyRow(args=_ddp_args, build=_build_ddp),
-    # DDP whose ranks are forked from this process (Lightning's ddp_notebook): what Jupyter needs.
-    "ddp_fork": StrategyRow(args=lambda config, start_method: _ddp_args(config, "fork"), build=_build_ddp),
-    # FSDP2 (fully_shard) applied by the template to any LightningModule: project/parallel/fsdp.py.
-    "fsdp": StrategyRow(args=_fsdp_args, build=_build_fsdp),
-}
-#: The strategy of each scenario on more than one process (dp runs as DDP: Lightning removed DataParallel).
-SCENARIO_STRATEGY = {
-    "cpu": "ddp",
-    "single": "single_device",
-    "dp": "ddp",
-    "ddp": "ddp",
-    "fork": "ddp_fork",
-    "fsdp": "fsdp",
-}
+def build_strategy(plan: Plan) -> Any:
+    """The Trainer's ``strategy`` for ``plan``, from its row's builder.
+
+    For a launcher Lightning does not detect, the strategy gets the cluster environment that reads its ranks.
+    """
+    strategy = import_object(plan.row.build)(plan.strategy_args, plan.backend, plan.degrees)
+    if not isinstance(strategy, str):
+        setattr(strategy, ROW_ATTRIBUTE, plan.strategy)
+        if plan.cluster_environment is not None:
+            strategy.cluster_environment = cluster_environment(plan.cluster_environment)
+    return strategy
 
 
-def strategy_name(scenario: str, world_size: int) -> str:
-    """The table's strategy for ``scenario`` at ``world_size`` processes."""
-    return "single_device" if world_size == 1 else SCENARIO_STRATEGY[scenario]
+def trainer_kwargs(plan: Plan) -> dict[str, Any]:
+    """Keyword arguments for ``lightning.Trainer`` (they replace accelerator/devices/strategy/...)."""
+    return {
+        "accelerator": plan.accelerator,
+        "devices": plan.devices,
+        "num_nodes": plan.num_nodes,
+        "strategy": build_strategy(plan),
+        "sync_batchnorm": plan.sync_batchnorm,
+        "accumulate_grad_batches": plan.accumulation,
+        "precision": plan.precision,
+    }
+
+
+def row_of(strategy: Any) -> StrategyRow:
+    """What the running strategy does: its row when the template built it, else the row of its Lightning class.
+
+    A strategy given as ``trainer.strategy`` (``parallel: null``) that is Lightning's ``ModelParallelStrategy``
+    shards like the ``fsdp`` row (its module's ``configure_model`` applies ``fully_shard``).
+    """
+    name = getattr(strategy, ROW_ATTRIBUTE, None)
+    if name in STRATEGIES:
+        return STRATEGIES[name]
+    for cls in type(strategy).__mro__:
+        if cls.__name__ in LIGHTNING_ROWS:
+            return STRATEGIES[LIGHTNING_ROWS[cls.__name__]]
+    return UNSHARDED
+
+
+def built_from_plan(strategy: Any) -> bool:
+    """Whether ``strategy`` was built from a row of the plan (the ``parallel`` section), not given by the user."""
+    return getattr(strategy, ROW_ATTRIBUTE, None) in STRATEGIES

@@ -3,7 +3,7 @@
 A stream has no indices to sample, so every rank reads it, in the same order, and keeps only its share: the stream
 is cut into optimizer steps of ``b x world_size x accumulation`` samples, each step into micro-steps of
 ``b x world_size``, and rank ``r`` takes the slice ``[r*b, (r+1)*b)`` of each micro-step, as
-:class:`~project.parallel.sampling.GlobalBatchSampler` does for a map-style dataset. No sample is trained on twice,
+:class:`~project.parallel.samplers.GlobalBatchSampler` does for a map-style dataset. No sample is trained on twice,
 the global batches are the same at world size 1, 2 or 4, and a tail shorter than one optimizer step is dropped at
 every world size alike.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import get_args
 
 from project.errors import UserError
-from project.parallel.config import Precision
+from project.plan.config import Precision
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from project.errors import UserError
-from project.parallel.config import SCENARIOS, Hardware, ParallelConfig
-from project.parallel.devices import DeviceRequest, cpu_processes, gpu_ids, parse_devices
-from project.parallel.environment import LaunchEnvironment
+from project.plan.config import SCENARIOS, Hardware, ParallelConfig
+from project.plan.devices import DeviceRequest, cpu_processes, gpu_ids, parse_devices
+from project.plan.environment import LaunchEnvironment
 
 #: The devices each scenario runs on: "cpu", "gpu", or "any" (the GPUs when the machine has some, else CPU processes).
 SCENARIO_DEVICES = {"cpu": "cpu", "single": "gpu", "dp": "gpu", "ddp": "gpu", "fork": "any", "fsdp": "any"}
@@ -33,10 +33,13 @@ class LaunchMismatchError(UserError):
 
 @dataclass(frozen=True)
 class Layout:
-    """The resolved layout: the scenario, devices on each node, nodes, and the data-parallel degrees.
+    """The resolved layout: the scenario, devices on each node, nodes, and the parallel degrees.
 
-    ``dp_replicate x dp_shard`` must equal ``per_node x num_nodes``: DDP replicates over every process
-    (``dp_shard == 1``); a sharded strategy would set ``dp_shard > 1``.
+    ``dp_replicate x dp_shard x tp`` must equal ``per_node x num_nodes``: DDP replicates over every process
+    (``dp_shard == 1``), a sharded strategy sets ``dp_shard > 1``, tensor parallelism ``tp > 1`` (the innermost
+    degree, as in torchtitan's ParallelDims: the ``tp`` consecutive ranks of one group share their data).
+    Samplers, the device mesh, the memory table and ``check`` read these degrees, never the world size as a
+    data-parallel size.
     """
 
     scenario: str
@@ -45,14 +48,25 @@ class Layout:
     num_nodes: int
     dp_replicate: int
     dp_shard: int = 1
+    tp: int = 1
 
     def __post_init__(self) -> None:
-        if self.dp_replicate * self.dp_shard != self.world_size:
+        if self.dp_replicate * self.dp_shard * self.tp != self.world_size:
             raise UserError(
-                f"data-parallel degrees replicate {self.dp_replicate} x shard {self.dp_shard} = "
-                f"{self.dp_replicate * self.dp_shard} do not match the world size {self.world_size} "
+                f"parallel degrees replicate {self.dp_replicate} x shard {self.dp_shard} x tensor {self.tp} = "
+                f"{self.dp_replicate * self.dp_shard * self.tp} do not match the world size {self.world_size} "
                 f"({self.per_node} per node x {self.num_nodes} nodes)"
             )
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel degree: replicas x shards (the ranks that train on different data)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def degrees(self) -> dict[str, int]:
+        """The degrees by name, for the plan."""
+        return {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp}
 
     @property
     def per_node(self) -> int:

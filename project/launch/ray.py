@@ -9,7 +9,7 @@ run directory are those of every other launcher; rank 0 returns its run director
 
 In a worker, Ray Train has created the process group (with the plan's backend and ``timeout_s``, given to
 ``TorchConfig``) and set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and NODE_RANK;
-:mod:`project.parallel.environment` detects the worker and the plan hands the table's strategy Ray's
+:mod:`project.plan.environment` detects the worker and the plan hands the table's strategy Ray's
 ``RayLightningEnvironment``, so Lightning's ranks are the ones Ray assigned (also inside a SLURM job that hosts
 the Ray cluster, whose variables Lightning would otherwise read). The strategy stays the
 table's (Lightning's ``DDPStrategy`` with the plan's arguments) rather than ``RayDDPStrategy``, whose two
@@ -24,12 +24,12 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
-from project.errors import RunFailure, UserError
-from project.parallel.environment import RAY, detect_environment
-from project.parallel.failures import RankFailure
-from project.parallel.plan import Plan
+from project.errors import RankFailure, RunFailure, UserError
+from project.plan.environment import RAY, detect_environment
+from project.plan.resolve import Plan
 
 INSTALL = "pip install -e .[ray]"
 # The template's own switches (PROJECT_DEBUG, PROJECT_ALLOW_PICKLE, ...) and the import path of the user's code
@@ -106,8 +106,11 @@ def _warn_if_cluster_too_small(ray: Any, plan: Plan) -> None:
         )
 
 
-def run_on_ray(argv: list[str], command: str, plan: Plan) -> None:
+def run_on_ray(argv: list[str], command: str, plan: Plan, run: Callable[[list[str]], str | None]) -> None:
     """Run ``argv`` (the command line, as given) as a Ray Train job of ``plan.world_size`` workers and wait.
+
+    Each worker calls ``run(argv)`` (a module-level function, which Ray ships by reference): the command, whose
+    rank 0 returns its run directory. The launcher is handed it and so never imports the CLI.
 
     Ends, as a run under any other launcher does, with ``Run directory: logs/<name>/version_<n>`` (rank 0's).
 
@@ -126,7 +129,7 @@ def run_on_ray(argv: list[str], command: str, plan: Plan) -> None:
         timeout_s = plan.strategy_args.get("timeout_s")
         trainer = TorchTrainer(
             _worker,
-            train_loop_config={"argv": list(argv), "cwd": os.getcwd()},
+            train_loop_config={"argv": list(argv), "cwd": os.getcwd(), "run": run},
             scaling_config=ScalingConfig(num_workers=plan.world_size, use_gpu=plan.accelerator == "gpu"),
             torch_config=TorchConfig(
                 backend=plan.backend, **({"timeout_s": math.ceil(timeout_s)} if timeout_s is not None else {})
@@ -218,8 +221,4 @@ def _worker(config: dict[str, Any]) -> str | None:
             "from a folder every node shares (the run directory and checkpoints are written there)"
         )
     os.chdir(config["cwd"])
-    from project.cli import execute
-    from project.runs import run_directory
-
-    run = execute(config["argv"])
-    return run_directory(run.trainer) if run is not None else None
+    return config["run"](config["argv"])

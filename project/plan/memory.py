@@ -22,7 +22,6 @@ CUDA context and the allocator's cache.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import warnings
@@ -32,6 +31,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from project.dotted import import_object
 
 #: States per parameter assumed when the optimizer cannot be stepped on meta tensors (Adam/AdamW keep two).
 ASSUMED_STATES = 2
@@ -47,7 +48,10 @@ def human(size: int) -> str:
     value, unit = float(size), 0
     while value >= 1024 and unit < len(_UNITS) - 1:
         value, unit = value / 1024, unit + 1
-    return f"{size} B" if unit == 0 else f"{value:.3g} {_UNITS[unit]}"
+    if unit == 0:
+        return f"{size} B"
+    # Three significant digits, but never in exponent notation (1012 KiB, not 1.01e+03 KiB).
+    return f"{value:.0f} {_UNITS[unit]}" if value >= 100 else f"{value:.3g} {_UNITS[unit]}"
 
 
 @dataclass(frozen=True)
@@ -93,8 +97,7 @@ def _bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def _import(class_path: str) -> type:
-    module, _, name = class_path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    return import_object(class_path)
 
 
 def optimizer_of(model: nn.Module, section: Mapping[str, Any] | None) -> tuple[type | None, dict[str, Any]]:
@@ -190,15 +193,20 @@ def per_device(
     sharding: str | None,
     cpu_offload: bool = False,
 ) -> dict[str, Any]:
-    """Bytes one device holds: everything replicated (``sharding`` None: ddp) or sharded ``shard`` ways (fsdp)."""
+    """Bytes one device holds: everything replicated (``sharding`` None: ddp) or divided ``shard`` ways.
+
+    ``zero1`` divides the optimizer state, fsdp's ``grad_op`` also the gradients, ``full``/``hybrid`` also the
+    parameters.
+    """
     params, grads, states = count.parameter_bytes, count.trainable_bytes, optimizer.state_bytes
     divide = (lambda size: math.ceil(size / shard)) if sharding is not None else (lambda size: size)
-    params = params if sharding == "grad_op" else divide(params)
-    grads, states = divide(grads), divide(states)
+    params = params if sharding in ("grad_op", "zero1") else divide(params)
+    grads = grads if sharding == "zero1" else divide(grads)
+    states = divide(states)
     row: dict[str, Any] = {"shard_degree": shard if sharding is not None else 1}
     if sharding is not None:
         row["sharding"] = sharding
-    if cpu_offload and sharding is not None:
+    if cpu_offload and sharding not in (None, "zero1"):
         row["offloaded_to_host"] = _entry(params + grads + states)
         params = grads = states = 0
     row.update(
@@ -211,9 +219,9 @@ def per_device(
     return row
 
 
-def shard_degree(sharding: str, world_size: int, per_node: int) -> int:
-    """How many ways fsdp divides the state: the world, or one node's processes for ``hybrid``."""
-    return per_node if sharding == "hybrid" else world_size
+def shard_degree(sharding: str, dp_size: int, per_node: int) -> int:
+    """How many ways fsdp divides the state: every data-parallel rank, or one node's for ``hybrid``."""
+    return per_node if sharding == "hybrid" else dp_size
 
 
 def estimate(
@@ -221,19 +229,20 @@ def estimate(
     optimizer_section: Mapping[str, Any] | None,
     *,
     planned: str,
-    world_size: int,
+    degrees: Mapping[str, int],
     per_node: int,
     sharding: str,
     cpu_offload: bool,
     precision: str,
 ) -> dict[str, Any]:
-    """The ``memory`` block of ``plan``: the model's counts and the per-device bytes under ddp and fsdp.
+    """The ``memory`` block of ``plan``: the model's counts and the per-device bytes under ddp, zero1 and fsdp.
 
     Args:
         model: The built LightningModule (or any module).
         optimizer_section: The config's ``optimizer:`` section (``class_path``/``init_args``), if any.
-        planned: ``ddp`` or ``fsdp``: which of the two the plan runs.
-        world_size: Processes of the job.
+        planned: ``ddp``, ``zero1`` or ``fsdp``: which of them the plan runs (its strategy row's ``memory``).
+        degrees: The layout's degrees (``dp_replicate``, ``dp_shard``, ``tp``): the state is divided over the
+            data-parallel ranks, never over the world size.
         per_node: Processes per node (``hybrid`` shards within a node).
         sharding: fsdp's ``full``, ``grad_op`` or ``hybrid``.
         cpu_offload: fsdp keeps the sharded state in host memory.
@@ -241,6 +250,10 @@ def estimate(
     """
     count = ModelCount.of(model)
     optimizer = count_optimizer(model, optimizer_section)
+    dp_size = degrees["dp_replicate"] * degrees["dp_shard"]
+    # The plan's own shard degree when it runs fsdp; else what fsdp would shard over on this layout.
+    tp = degrees.get("tp", 1)
+    fsdp_shard = degrees["dp_shard"] if planned == "fsdp" else shard_degree(sharding, dp_size, per_node // tp)
     mixed = "" if precision == "32" else f"; {precision} keeps float32 parameters, gradients and optimizer state"
     return {
         "planned": planned,
@@ -260,9 +273,8 @@ def estimate(
         },
         "per_device": {
             "ddp": per_device(count, optimizer, 1, None),
-            "fsdp": per_device(
-                count, optimizer, shard_degree(sharding, world_size, per_node), sharding, cpu_offload=cpu_offload
-            ),
+            "zero1": per_device(count, optimizer, dp_size, "zero1"),
+            "fsdp": per_device(count, optimizer, fsdp_shard, sharding, cpu_offload=cpu_offload),
         },
         "note": f"Persistent state per device{mixed}. Not counted: {NOT_COUNTED}",
     }

@@ -1,8 +1,8 @@
 """The parallel layer's guarantees, installed on the loaders of any datamodule.
 
-Training: the loader's sampler is replaced by :class:`~project.parallel.sampling.GlobalBatchSampler` at the
+Training: the loader's sampler is replaced by :class:`~project.parallel.samplers.GlobalBatchSampler` at the
 plan's per-device batch size, so the global batches do not depend on the world size. Evaluation and
-prediction: by :class:`~project.parallel.sampling.EvalShardSampler`, so every sample counts once and the
+prediction: by :class:`~project.parallel.samplers.EvalShardSampler`, so every sample counts once and the
 ranks' shards, in rank order, are the dataset order. Everything else of the user's loader stays: dataset,
 collate_fn, workers, pinning, worker_init_fn, generator.
 
@@ -32,7 +32,7 @@ from project.parallel.limits import (
     stream_limit,
     training_limit,
 )
-from project.parallel.sampling import EvalShardSampler, GlobalBatchSampler
+from project.parallel.samplers import EvalShardSampler, GlobalBatchSampler
 from project.parallel.stream import GlobalBatchStream, is_stateful
 
 
@@ -141,11 +141,11 @@ def install_training_sampler(
     )
     times = f" x accumulation {accumulation}" if accumulation > 1 else ""
     detail = (
-        f"global batches of {sampler.global_batch_size * accumulation} "
+        f"global batches of {sampler.samples_per_micro_step * accumulation} "
         f"({per_device_batch_size} per process x {world_size}{times}), "
         f"{'shuffled' if shuffle else 'in order'} with seed {sampler.seed}, the same at any world size"
     )
-    kept = training_limit(limit, sampler.num_global_batches, sampler.global_batch_size)
+    kept = training_limit(limit, sampler.num_global_batches, sampler.samples_per_micro_step)
     if kept.samples != kept.total:
         detail += f"; {kept.describe()}"
     return _rebuild(loader, sampler, per_device_batch_size), Guarantee(True, detail, kept)

@@ -9,15 +9,15 @@ that reads their ranks (:func:`cluster_environment`), and the Trainer is given i
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, get_args
 
+from project.dotted import import_object
 from project.errors import UserError
-from project.parallel.config import Launcher
+from project.plan.config import Launcher
 
 LIGHTNING = "lightning"
 TORCHRUN = "torchrun"
@@ -208,8 +208,7 @@ def requested_launcher(asked: str, environment: LaunchEnvironment) -> LaunchEnvi
 
 def cluster_environment(path: str) -> Any:
     """A new instance of the Lightning ``ClusterEnvironment`` at ``path`` (one of :data:`CLUSTER_ENVIRONMENTS`)."""
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)()
+    return import_object(path)()
 
 
 def describe_launch(environment: LaunchEnvironment, per_node: int, num_nodes: int) -> tuple[dict[str, Any], list[str]]:

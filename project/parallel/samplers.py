@@ -34,8 +34,8 @@ class GlobalBatchSampler(DistributedSampler):
     Args:
         dataset: Anything with ``len``.
         batch_size: The per-device batch size ``b``.
-        num_replicas: World size.
-        rank: Global rank of this process.
+        num_replicas: Data-parallel size (the world size, unless tensor-parallel groups share their data).
+        rank: Data-parallel rank of this process.
         shuffle: Reshuffle every epoch (seeded by ``seed + epoch``).
         seed: Base seed of the permutation; the same on every rank.
         accumulation: Micro-batches per optimizer step: an epoch ends after whole optimizer steps only.
@@ -60,8 +60,10 @@ class GlobalBatchSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
         self.batch_size = batch_size
         self.with_epoch = with_epoch
-        self.global_batch_size = batch_size * num_replicas
-        step = self.global_batch_size * accumulation  # samples per optimizer step
+        #: Samples of one global micro-batch (all ranks' batches side by side); the plan's global batch is per
+        #: optimizer step, ``accumulation`` of these.
+        self.samples_per_micro_step = batch_size * num_replicas
+        step = self.samples_per_micro_step * accumulation  # samples per optimizer step
         # Global micro-batches of the epoch, whole optimizer steps only (the same at any world size).
         self.num_global_batches = len(dataset) // step * accumulation
         if self.num_global_batches == 0:
@@ -91,7 +93,7 @@ class GlobalBatchSampler(DistributedSampler):
         skip, self.resume_point = self._skip(), None
         start, stop = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
         for k in range(skip, self.num_global_batches):
-            indices = order[k * self.global_batch_size :][start:stop].tolist()
+            indices = order[k * self.samples_per_micro_step :][start:stop].tolist()
             yield from (EpochIndex(self.epoch, i) for i in indices) if self.with_epoch else indices
 
     def __len__(self) -> int:
@@ -108,8 +110,8 @@ class EvalShardSampler(DistributedSampler):
 
     Args:
         dataset: Anything with ``len``.
-        num_replicas: World size.
-        rank: Global rank of this process.
+        num_replicas: Data-parallel size (the world size, unless tensor-parallel groups share their data).
+        rank: Data-parallel rank of this process.
         num_samples: Shard only the dataset's first ``num_samples`` samples (a ``limit_*_batches``,
             :mod:`project.parallel.limits`); ``None``: all of them.
     """

@@ -45,6 +45,7 @@ def resolve_batch(
     world_size: int,
     per_device_batch_size: int | None = None,
     accumulation: int | None = None,
+    size_name: str = "world size",
 ) -> BatchSizes:
     """(per-device, global, accumulation) from what was given; dp reads the data batch size as global.
 
@@ -52,9 +53,11 @@ def resolve_batch(
         scenario: The resolved scenario (``dp`` splits the data batch instead of multiplying it).
         global_batch_size: ``parallel.global_batch_size``.
         data_batch_size: The batch size of the training loader the datamodule returns.
-        world_size: Processes of the job.
+        world_size: The data-parallel size: processes that train on different data (all of them, unless tensor
+            parallel groups share theirs).
         per_device_batch_size: ``parallel.per_device_batch_size``: what fits on one device.
         accumulation: ``parallel.accumulation``: micro-batches per optimizer step.
+        size_name: What messages call ``world_size`` ("data-parallel size" under tensor parallelism).
 
     Raises:
         UserError: a size below 1, numbers that do not divide, or three numbers that disagree.
@@ -82,16 +85,16 @@ def resolve_batch(
         if per_device_batch_size * world_size * accumulation != global_batch_size:
             raise UserError(
                 f"parallel.global_batch_size={global_batch_size} is not per_device_batch_size "
-                f"{per_device_batch_size} x world size {world_size} x accumulation {accumulation} "
+                f"{per_device_batch_size} x {size_name} {world_size} x accumulation {accumulation} "
                 f"(= {per_device_batch_size * world_size * accumulation}); give two of the three"
             )
         return BatchSizes(per_device_batch_size, global_batch_size, accumulation)
     if per_device_batch_size is not None:
         per_step = per_device_batch_size * world_size
-        what = f"per_device_batch_size {per_device_batch_size} x world size {world_size} = {per_step}"
+        what = f"per_device_batch_size {per_device_batch_size} x {size_name} {world_size} = {per_step}"
         return BatchSizes(per_device_batch_size, global_batch_size, _split(global_batch_size, per_step, name, what))
     accumulation = accumulation or 1
-    what = f"the world size {world_size}" + (f" x accumulation {accumulation}" if accumulation > 1 else "")
+    what = f"the {size_name} {world_size}" + (f" x accumulation {accumulation}" if accumulation > 1 else "")
     return BatchSizes(_split(global_batch_size, world_size * accumulation, name, what), global_batch_size, accumulation)
 
 

@@ -3,7 +3,7 @@
 Lightning asks the datamodule for its loaders through its ``*_dataloader`` hooks, and every user's
 datamodule passes through there. This callback wraps those hooks on the instance (Lightning has no public
 hook that transforms the loaders a datamodule returns) so that each loader comes back with the layer's
-sampler (:mod:`project.parallel.loaders`). At ``setup`` it builds the training loader once, resolves the
+sampler (:mod:`project.parallel.sampler_install`). At ``setup`` it builds the training loader once, resolves the
 plan with that loader's batch size and refuses, in one line, what cannot work (a global batch that does
 not divide, a dataset smaller than one global batch) before anything is trained or written.
 
@@ -28,10 +28,15 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from project.errors import UserError
 from project.parallel.limits import TrainerLimits, refuse_unreachable_validation
-from project.parallel.loaders import Guarantee, install_eval_sampler, install_training_sampler, takes_eval_sampler
-from project.parallel.plan import Plan
-from project.parallel.sampling import GlobalBatchSampler
+from project.parallel.sampler_install import (
+    Guarantee,
+    install_eval_sampler,
+    install_training_sampler,
+    takes_eval_sampler,
+)
+from project.parallel.samplers import GlobalBatchSampler
 from project.parallel.stream import GlobalBatchStream, is_stateful
+from project.plan.resolve import Plan
 
 EVAL_HOOKS = {"val_dataloader": "validation", "test_dataloader": "test", "predict_dataloader": "predict"}
 
@@ -56,16 +61,14 @@ class LoaderGuaranteesCallback(L.Callback):
     """World-size-invariant training batches and exactly-once, ordered evaluation for any datamodule.
 
     Args:
-        resolve_plan: The plan for a given data batch size (the training loader's ``batch_size``).
+        plan: The run's plan; the training loader's ``batch_size`` completes its batch fields.
         run_seed: Seed of the training permutation when the loader has no generator of its own.
         resuming: This callback's state in the checkpoint the run starts from, if any: checked at
             ``setup``, before anything is written, against the plan.
     """
 
-    def __init__(
-        self, resolve_plan: Callable[[int | None], Plan], run_seed: int = 0, resuming: dict[str, Any] | None = None
-    ) -> None:
-        self.resolve_plan = resolve_plan
+    def __init__(self, plan: Plan, run_seed: int = 0, resuming: dict[str, Any] | None = None) -> None:
+        self.built_plan = plan
         self.run_seed = run_seed
         self.resuming = resuming
         #: The plan with the data batch size applied (after ``setup('fit')``).
@@ -101,7 +104,7 @@ class LoaderGuaranteesCallback(L.Callback):
             if self._sampler is not None:  # map-style: the epoch's global batches are known now
                 refuse_unreachable_validation(trainer, self._sampler.num_global_batches)
         elif self.plan is None:
-            self.plan = self.resolve_plan(None)
+            self.plan = self.built_plan
 
     def _wrap(self, hook: str, original: Callable[[], Any], trainer: L.Trainer) -> Callable[[], Any]:
         def train_dataloader() -> Any:
@@ -123,13 +126,14 @@ class LoaderGuaranteesCallback(L.Callback):
         return train_dataloader if hook == "train_dataloader" else eval_dataloader
 
     def _training(self, loader: Any, trainer: L.Trainer) -> Any:
-        self.plan = self.resolve_plan(getattr(loader, "batch_size", None))
+        self.plan = self.built_plan.with_data_batch(getattr(loader, "batch_size", None))
         per_device = self.plan.per_device_batch_size
         if per_device is None:
             self._record("training", Guarantee(False, "the training loader has no batch_size"), trainer)
             return loader
         try:
-            world, rank, limit = trainer.world_size, trainer.global_rank, trainer.limit_train_batches
+            # The data-parallel degree and rank, not the world size: a tensor-parallel group shares its data.
+            world, rank, limit = self.plan.dp_size, self.plan.dp_rank(trainer.global_rank), trainer.limit_train_batches
             self._train_limit = limit
             loader, guarantee = install_training_sampler(
                 loader, per_device, world, rank, self.run_seed, self.plan.accumulation, limit
@@ -149,7 +153,8 @@ class LoaderGuaranteesCallback(L.Callback):
         return loader
 
     def _evaluation(self, loader: Any, trainer: L.Trainer, stage: str, limit: int | float | None) -> Any:
-        loader, guarantee = install_eval_sampler(loader, trainer.world_size, trainer.global_rank, stage, limit)
+        plan = self.plan or self.built_plan
+        loader, guarantee = install_eval_sampler(loader, plan.dp_size, plan.dp_rank(trainer.global_rank), stage, limit)
         self._record(stage, guarantee, trainer)
         return loader
 

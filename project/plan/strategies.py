@@ -1,0 +1,111 @@
+"""The table from scenario to strategy: a new strategy is a row, not a branch.
+
+Each row says which arguments the plan shows (``args``, JSON-ready, under the seed's names), where the in-rank
+code that builds the Trainer's strategy from them lives (``build``, an import path: this module is pure and
+imports nothing of Lightning or of :mod:`project.parallel`), and what the strategy does, so that callbacks,
+checkpoints and export ask the row instead of sniffing wrappers and tensor types. One process always runs
+``single_device``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from project.plan.config import ParallelConfig
+
+#: ``parallel.sharding`` -> ``fully_shard``'s ``reshard_after_forward``.
+RESHARD_AFTER_FORWARD = {"full": True, "grad_op": False, "hybrid": True}
+DEFAULT_WRAP_RULE = "the outermost modules whose class occurs more than once in the network (default_wrap_classes)"
+
+
+@dataclass(frozen=True)
+class StrategyRow:
+    """One strategy: the plan's view of its arguments, where it is built, and its capabilities."""
+
+    #: The arguments ``plan`` and ``plan.json`` show, from the ``parallel`` section and the start method.
+    args: Callable[[ParallelConfig, str], dict[str, Any]]
+    #: ``module:function`` of the in-rank builder ``(args, backend, degrees) -> Trainer strategy``.
+    build: str
+    #: Each rank holds a shard of the parameters (and so of the gradients): gather before a full export.
+    shards_parameters: bool = False
+    #: Each rank holds a shard of the optimizer state (consolidated on save where ``checkpoint`` is "file").
+    shards_optimizer_state: bool = False
+    #: A checkpoint is one file, or a folder of per-rank shards (``consolidate`` merges it).
+    checkpoint: Literal["file", "sharded"] = "file"
+    #: Gradients are DTensors (each rank its shard): a finiteness check all-reduces the ranks' verdicts.
+    grads_are_dtensors: bool = False
+    #: What the plan says the strategy does with memory, for ``plan``'s memory table: ddp | zero1 | fsdp.
+    memory: Literal["ddp", "zero1", "fsdp"] = "ddp"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The capabilities, JSON-ready, for ``plan.json``."""
+        return {
+            "shards_parameters": self.shards_parameters,
+            "shards_optimizer_state": self.shards_optimizer_state,
+            "checkpoint": self.checkpoint,
+            "grads_are_dtensors": self.grads_are_dtensors,
+        }
+
+
+def is_interactive() -> bool:
+    """A notebook or REPL, where processes must be forked (Lightning's own rule)."""
+    return hasattr(sys, "ps1") or bool(sys.flags.interactive) or "ipykernel" in sys.modules
+
+
+def ddp_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
+    """The DDP arguments the plan shows (the seed's names; the builder passes them under the installed torch's)."""
+    return {
+        "find_unused_parameters": config.find_unused_parameters,
+        "broadcast_buffers": config.broadcast_buffers,
+        "timeout_s": config.timeout_s,
+        "start_method": start_method,
+    }
+
+
+def _fsdp_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
+    return {
+        "sharding": config.sharding,
+        "reshard_after_forward": RESHARD_AFTER_FORWARD[config.sharding],
+        "cpu_offload": config.cpu_offload,
+        "wrap_modules": list(config.wrap_modules) if config.wrap_modules is not None else None,
+        "wrap_rule": "parallel.wrap_modules" if config.wrap_modules is not None else DEFAULT_WRAP_RULE,
+        "checkpoint": "sharded (torch.distributed.checkpoint folder)",
+        "timeout_s": config.timeout_s,
+    }
+
+
+_DDP = "project.parallel.strategies:build_ddp"
+STRATEGIES: dict[str, StrategyRow] = {
+    # One process: Lightning picks the single-device strategy for the accelerator and device given.
+    "single_device": StrategyRow(args=lambda config, start_method: {}, build="project.parallel.strategies:build_auto"),
+    "ddp": StrategyRow(args=ddp_args, build=_DDP),
+    # DDP whose ranks are forked from this process (Lightning's ddp_notebook): what Jupyter needs.
+    "ddp_fork": StrategyRow(args=lambda config, start_method: ddp_args(config, "fork"), build=_DDP),
+    # FSDP2 (fully_shard) applied by the template to any LightningModule: project/parallel/fsdp.py.
+    "fsdp": StrategyRow(
+        args=_fsdp_args,
+        build="project.parallel.fsdp:build",
+        shards_parameters=True,
+        shards_optimizer_state=True,
+        checkpoint="sharded",
+        grads_are_dtensors=True,
+        memory="fsdp",
+    ),
+}
+#: The strategy of each scenario on more than one process (dp runs as DDP: Lightning removed DataParallel).
+SCENARIO_STRATEGY = {
+    "cpu": "ddp",
+    "single": "single_device",
+    "dp": "ddp",
+    "ddp": "ddp",
+    "fork": "ddp_fork",
+    "fsdp": "fsdp",
+}
+
+
+def strategy_name(scenario: str, world_size: int) -> str:
+    """The table's strategy for ``scenario`` at ``world_size`` processes."""
+    return "single_device" if world_size == 1 else SCENARIO_STRATEGY[scenario]
