@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from project.plan.config import ParallelConfig
+from project.plan.scenarios import SCENARIOS
 
 #: ``PROJECT_EARLY_LAUNCH=0`` leaves starting the ranks to Lightning's launcher.
 OPT_OUT_ENV = "PROJECT_EARLY_LAUNCH"
@@ -167,8 +168,13 @@ def _count(section: dict[str, Any] | None, gpus_possible: bool) -> int | None:
     nodes, devices = _number(section.get("num_nodes")), _number(section.get("devices"))
     if launcher != "auto" or nodes not in (None, 1) or devices is None or devices < 2:
         return None
-    # cpu runs CPU processes on any machine; auto and fsdp do only where no GPU is visible (then the GPUs decide).
-    if scenario == "cpu" or (scenario in ("auto", "fsdp") and not gpus_possible):
+    # A cpu scenario runs CPU processes on any machine; auto and an "any" scenario do only where no GPU is visible
+    # (then the GPUs decide). A scenario whose strategy forks its ranks itself is left to it.
+    row = SCENARIOS.get(scenario)
+    devices_kind = "any" if scenario == "auto" else row.devices if row is not None else None
+    if row is not None and row.forks_itself:
+        return None
+    if devices_kind == "cpu" or (devices_kind == "any" and not gpus_possible):
         return devices
     return None
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-Scenario = Literal["auto", "cpu", "single", "dp", "ddp", "fork", "fsdp"]
+from project.plan.scenarios import SCENARIO_NAMES
+
+# The choices come from the scenario table, so a new scenario is a row there (jsonargparse reads the Literal).
+Scenario = Literal[SCENARIO_NAMES]  # type: ignore[valid-type]
 Backend = Literal["auto", "nccl", "gloo"]
 LrScaling = Literal["none", "linear", "sqrt"]
 Launcher = Literal["auto", "ray"]
 Sharding = Literal["full", "grad_op", "hybrid"]
 Precision = Literal["32", "bf16-mixed", "16-mixed"]
-SCENARIOS: tuple[str, ...] = get_args(Scenario)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 
 

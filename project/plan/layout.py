@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from project.errors import UserError
-from project.plan.config import SCENARIOS, Hardware, ParallelConfig
+from project.plan.config import Hardware, ParallelConfig
 from project.plan.devices import DeviceRequest, cpu_processes, gpu_ids, parse_devices
 from project.plan.environment import LaunchEnvironment
+from project.plan.scenarios import SCENARIO_NAMES, SCENARIOS
 
-#: The devices each scenario runs on: "cpu", "gpu", or "any" (the GPUs when the machine has some, else CPU processes).
-SCENARIO_DEVICES = {"cpu": "cpu", "single": "gpu", "dp": "gpu", "ddp": "gpu", "fork": "any", "fsdp": "any"}
 # Where an outside launcher's numbers come from, for messages that say what to change.
 _LAUNCHER_SOURCES = {
     "slurm": {"devices": "--ntasks-per-node (SLURM_NTASKS_PER_NODE)", "num_nodes": "--nodes (SLURM_NNODES)"},
@@ -81,10 +80,10 @@ class Layout:
 
 def resolve_scenario(config: ParallelConfig, request: DeviceRequest, hardware: Hardware) -> str:
     """``auto`` made concrete for this machine; a GPU scenario without GPUs is refused."""
-    if config.scenario not in SCENARIOS:
-        raise UserError(f"parallel.scenario={config.scenario!r} is not one of {', '.join(SCENARIOS)}")
+    if config.scenario not in SCENARIO_NAMES:
+        raise UserError(f"parallel.scenario={config.scenario!r} is not one of {', '.join(SCENARIO_NAMES)}")
     if config.scenario != "auto":
-        if SCENARIO_DEVICES[config.scenario] == "gpu" and hardware.gpus == 0:
+        if SCENARIOS[config.scenario].devices == "gpu" and hardware.gpus == 0:
             asked = f" with devices={config.devices!r}" if config.devices is not None else ""
             raise UserError(
                 f"parallel.scenario={config.scenario!r}{asked} needs GPUs but no GPU is visible; "
@@ -148,7 +147,7 @@ def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: Laun
         num_nodes = _take_launcher_value("num_nodes", num_nodes, environment.num_nodes, external)
     num_nodes = num_nodes or 1
     devices: list[int] | int
-    kind = SCENARIO_DEVICES[scenario]
+    kind = SCENARIOS[scenario].devices
     if kind == "cpu" or (kind == "any" and hardware.gpus == 0):
         count = cpu_processes(request, scenario)
         if external:

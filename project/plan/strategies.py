@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from project.plan.config import ParallelConfig
+from project.plan.scenarios import SCENARIOS
 
 #: ``parallel.sharding`` -> ``fully_shard``'s ``reshard_after_forward``.
 RESHARD_AFTER_FORWARD = {"full": True, "grad_op": False, "hybrid": True}
@@ -95,17 +96,8 @@ STRATEGIES: dict[str, StrategyRow] = {
         memory="fsdp",
     ),
 }
-#: The strategy of each scenario on more than one process (dp runs as DDP: Lightning removed DataParallel).
-SCENARIO_STRATEGY = {
-    "cpu": "ddp",
-    "single": "single_device",
-    "dp": "ddp",
-    "ddp": "ddp",
-    "fork": "ddp_fork",
-    "fsdp": "fsdp",
-}
 
 
 def strategy_name(scenario: str, world_size: int) -> str:
     """The table's strategy for ``scenario`` at ``world_size`` processes."""
-    return "single_device" if world_size == 1 else SCENARIO_STRATEGY[scenario]
+    return "single_device" if world_size == 1 else SCENARIOS[scenario].strategy
