@@ -5,21 +5,47 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The test environment adds what the suite also exercises: the `ray` extra (`make train` does without it).
 TEST_STAMP := $(VENV)/.installed-test
+AUDIT_STAMP := $(VENV)/.installed-audit
 # The tested torch. On these CPU machines torch==2.13.0 resolves to a local CPU wheel; GPU users
-# see the README ("Choosing your torch build").
-TORCH_SPEC ?= torch==2.13.0
+# see the README ("Choosing your torch build"). Split into words on purpose: it may carry pip options
+# (TORCH_SPEC="torch==2.13.0 --index-url URL").
+TORCH_VERSION := 2.13.0
+TORCH_SPEC ?= torch==$(TORCH_VERSION)
 
-.PHONY: setup train test lint format bench bench-quick gpu-check clean
+# Locked installs: requirements/ holds one lock per install set, generated from pyproject.toml by `make lock`,
+# every distribution but torch pinned with == and its sha256 hashes (Linux x86_64, CPython 3.11):
+#   lock-pip.txt    pip itself, installed first
+#   lock.txt        .[dev]             make setup, train, lint
+#   lock-test.txt   .[dev,ray]         make test
+#   lock-audit.txt  .[dev,ray,audit]   make audit (resolved first; the other locks keep its pins)
+# Torch and hash-checking: pip's --require-hashes wants a hash for every package it installs, dependencies included,
+# and torch (a local CPU wheel, or a CUDA build from PyTorch's index) has none in a lock. So each lock is installed
+# with --require-hashes --no-deps, and lists torch's own dependencies too (filelock, sympy, mpmath, networkx, jinja2,
+# markupsafe, fsspec, typing-extensions, setuptools). The lock goes in BEFORE torch: `pip install $(TORCH_SPEC)` then
+# finds those dependencies installed and hash-checked, and adds torch alone (and, for a CUDA build, the CUDA
+# libraries from PyTorch's index). Torch first would let pip take its dependencies unpinned from the index, and the
+# lock would then skip them as already installed without checking their hashes. --only-binary: nothing is built.
+# The project goes in editable, without dependencies and without build isolation (setuptools is in the lock), and
+# `pip check` proves the whole set complete and consistent.
+CHECK_PYTHON := import sys; sys.exit(sys.version_info[:2] != (3, 11) and \
+  "$(VENV) is not CPython 3.11, which the locks in requirements/ are for: make PYTHON=python3.11 VENV=<new folder>")
+INSTALL_LOCK := $(PY) -m pip install --quiet --require-hashes --no-deps --only-binary :all: -r
 
-$(STAMP): pyproject.toml Makefile
+.PHONY: setup train test lint format bench bench-quick gpu-check clean lock audit
+
+$(STAMP): pyproject.toml Makefile requirements/lock-pip.txt requirements/lock.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	@$(PY) -c '$(CHECK_PYTHON)'
+	$(INSTALL_LOCK) requirements/lock-pip.txt
+	$(INSTALL_LOCK) requirements/lock.txt
+	$(PY) -m pip install --quiet $(TORCH_SPEC)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
 	touch $(STAMP)
 
-$(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e ".[dev,ray]"
+$(TEST_STAMP): $(STAMP) requirements/lock-test.txt
+	$(INSTALL_LOCK) requirements/lock-test.txt
+	$(PY) -m pip check
 	touch $(TEST_STAMP)
 
 setup: $(STAMP) $(TEST_STAMP)
@@ -58,3 +84,42 @@ gpu-check: $(STAMP)
 
 clean:
 	rm -rf logs bench/results/tmp .pytest_cache
+
+# `make lock`: the locks regenerated from pyproject.toml (after changing a pin there; review the diff and commit it).
+# uv resolves for Linux x86_64 and CPython 3.11 against the CPU build torch==$(TORCH_VERSION)+cpu, found in
+# TORCH_WHEELS (pip's find-links on these machines): torch's dependencies are locked, torch is not, nor are CUDA's
+# libraries. Pins already in the files are kept where still valid; `make lock LOCK_ARGS=--upgrade` takes the newest.
+UV_SPEC := uv==0.13.9
+TORCH_WHEELS ?= /opt/wheels
+LOCK_ARGS ?=
+UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 \
+  --python-platform x86_64-unknown-linux-gnu --no-emit-package torch --find-links $(TORCH_WHEELS) \
+  --custom-compile-command "make lock" $(LOCK_ARGS)
+LOCK_NOTE := = uv pip compile ($(UV_SPEC), flags in the Makefile) of pyproject.toml for Linux x86_64, CPython 3.11;
+LOCK_NOTE2 := torch is left out: the Makefile installs it from TORCH_SPEC. Install with pip --require-hashes --no-deps.
+
+lock:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet "$(UV_SPEC)"
+	echo "torch==$(TORCH_VERSION)+cpu" | $(UV_COMPILE) pyproject.toml - --extra dev --extra ray --extra audit \
+	  -o requirements/lock-audit.txt
+	echo "torch==$(TORCH_VERSION)+cpu" | $(UV_COMPILE) pyproject.toml - --extra dev --extra ray \
+	  -c requirements/lock-audit.txt -o requirements/lock-test.txt
+	echo "torch==$(TORCH_VERSION)+cpu" | $(UV_COMPILE) pyproject.toml - --extra dev \
+	  -c requirements/lock-audit.txt -o requirements/lock.txt
+	echo pip | $(UV_COMPILE) - -c requirements/lock-audit.txt -o requirements/lock-pip.txt
+	sed -i -e '2a #    $(LOCK_NOTE)' -e '2a #    $(LOCK_NOTE2)' requirements/lock-audit.txt requirements/lock-test.txt \
+	  requirements/lock.txt requirements/lock-pip.txt
+
+# `make audit`: pip-audit over the installed environment (the audit set: all the locks hold, and torch). The
+# advisories listed in requirements/audit-ignore.txt, each with its date and reason, are passed as --ignore-vuln;
+# any other finding fails. When the advisory service cannot be reached: one note, exit 0. AUDIT_ARGS go to
+# pip-audit (e.g. AUDIT_ARGS="-s osv" for the OSV service instead of PyPI's).
+AUDIT_ARGS ?=
+$(AUDIT_STAMP): $(STAMP) requirements/lock-audit.txt
+	$(INSTALL_LOCK) requirements/lock-audit.txt
+	$(PY) -m pip check
+	touch $(AUDIT_STAMP)
+
+audit: $(AUDIT_STAMP)
+	$(PY) requirements/audit.py $(AUDIT_ARGS)
