@@ -8,9 +8,6 @@ IO and template callbacks come from that resolution. ``plan`` builds the model a
 
 from __future__ import annotations
 
-import contextlib
-import re
-import sys
 import warnings
 from dataclasses import replace
 from typing import Any, Literal
@@ -20,9 +17,7 @@ import torch
 from jsonargparse import ActionYesNo, Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from project.callbacks import LoaderGuaranteesCallback, StragglerCallback, lists_prediction_writer, template_callbacks
 from project.callbacks.dispatch import skip_idle_batch_hooks
@@ -39,96 +34,20 @@ from project.parallel.threads import apply_cpu_threads
 from project.plan.config import Hardware, ParallelConfig
 from project.plan.environment import detect_environment, refuse_stray_rank
 from project.plan.resolve import Plan, resolve_plan
+from project.run_config import (
+    NoProfiler,
+    SaveUserConfig,
+    listed,
+    refuse_trainer_overlap,
+    say_replaced_optimizer,
+    wants_template_progress_bar,
+)
 from project.runs import run_of_config
 
-# Trainer settings that the plan decides when `parallel` is given.
-PLAN_OWNED_TRAINER_KEYS = (
-    "accelerator",
-    "devices",
-    "strategy",
-    "num_nodes",
-    "sync_batchnorm",
-    "accumulate_grad_batches",
-    "precision",
-)
-# Options that say how to run this command, not what to train: never saved into the run's config.yaml.
-RUN_OPTIONS = ("ckpt_path", "resume", "test_after_fit", "assume_gpus", "json")
 # LightningCLI warns when it is given args while sys.argv has some; main() passes what it parsed on purpose.
 warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
 # Said in one line by say_replaced_optimizer, which also names the way out.
 warnings.filterwarnings("ignore", message=r"`.*configure_optimizers` will be overridden by")
-
-
-class NoProfiler(PassThroughProfiler):
-    """Lightning's "no profiler" without the generator context manager it opens around every hook call.
-
-    The Trainer enters ``profiler.profile(...)`` around each callback and module hook, dozens of times a
-    step; a shared ``nullcontext`` makes that nearly free when no profiler was asked for.
-    """
-
-    _NOTHING = contextlib.nullcontext()
-
-    def profile(self, action_name: str) -> contextlib.nullcontext:  # type: ignore[override]
-        """A context that does nothing."""
-        return self._NOTHING
-
-
-class SaveUserConfig(SaveConfigCallback):
-    """``config.yaml`` as the user configured the run: without the options that only say how to run it.
-
-    So ``test --config <run>/config.yaml`` (or ``validate``, ``predict``) takes a run's own config file.
-    """
-
-    def __init__(self, parser: LightningArgumentParser, config: Namespace, **kwargs: Any) -> None:
-        config = config.clone()
-        for key in RUN_OPTIONS:
-            if key in config:
-                del config[key]
-        unpin_versions(config.get("trainer") or Namespace())
-        super().__init__(parser, config, **kwargs)
-
-
-def unpin_versions(trainer: Namespace) -> None:
-    """Drop the loggers' ``version`` from a config to be saved: a run's config starts a new run, never this one.
-
-    ``--resume auto`` points the logger at the resumed run's version; saved as such, ``fit --config
-    <run>/config.yaml`` would train again inside the old run and ``test`` would overwrite its files.
-    """
-    for logger in _listed(trainer.get("logger")):
-        init_args = logger.get("init_args") if isinstance(logger, Namespace) else None
-        if isinstance(init_args, Namespace) and init_args.get("version") is not None:
-            init_args.version = None
-
-
-def say_replaced_optimizer(model: L.LightningModule | None, optimizer: Any) -> None:
-    """One line, before training, when the config's ``optimizer:`` section replaces the module's own optimizers.
-
-    LightningCLI puts the section's optimizer (and ``lr_scheduler:``) in place of ``configure_optimizers``; a user
-    who started from ``configs/digits.yaml`` would otherwise train with AdamW without knowing.
-    """
-    if model is None or not isinstance(optimizer, Namespace) or not optimizer.get("class_path"):
-        return
-    if type(model).configure_optimizers is L.LightningModule.configure_optimizers:
-        return  # the module leaves its optimizer to the config, as Classifier does
-    if rank_zero_only.rank == 0:
-        sys.stderr.write(
-            f"note: the config's optimizer: section ({optimizer.class_path}) replaces "
-            f"{type(model).__name__}.configure_optimizers; to keep the module's own, drop optimizer:/lr_scheduler: "
-            "(configs/own_module.yaml has neither)\n"
-        )
-
-
-def wants_template_progress_bar(trainer_config: dict[str, Any]) -> bool:
-    """Whether the run gets the template's progress bar: not when barebones, turned off, or one is configured."""
-    if trainer_config.get("barebones") or trainer_config.get("enable_progress_bar") is False:
-        return False
-    return not any(isinstance(c, LightningProgressBar) for c in _listed(trainer_config.get("callbacks")))
-
-
-def _listed(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 class ProjectCLI(LightningCLI):
@@ -210,7 +129,7 @@ class ProjectCLI(LightningCLI):
         if parallel is None and self.command != "plan":
             confirm_started_ranks(None)  # ranks forked at start-up for a section the parser does not see: refused
             return
-        self._refuse_trainer_overlap(parallel)
+        refuse_trainer_overlap(parallel, config.trainer, self.parser.get_defaults().trainer)
         settings = ParallelConfig(**parallel.as_dict()) if parallel is not None else ParallelConfig()
         if self.command == "check":  # a rank that does not answer is named after the check's short timeout
             settings = replace(settings, timeout_s=min(settings.timeout_s, config.join_timeout_s))
@@ -252,26 +171,6 @@ class ProjectCLI(LightningCLI):
             return None
         return StragglerCallback(settings.straggler_every_n_steps, settings.straggler_factor)
 
-    def _refuse_trainer_overlap(self, parallel: Any) -> None:
-        """A plan-owned trainer setting beside the ``parallel`` section: one line naming the section's own setting."""
-        if parallel is None:
-            return
-        # The parallel section's name for each trainer setting (devices, num_nodes, ... are the same).
-        renamed = {"accelerator": "scenario", "strategy": "scenario", "accumulate_grad_batches": "accumulation"}
-        defaults = self.parser.get_defaults().trainer
-        for key in PLAN_OWNED_TRAINER_KEYS:
-            value = self.config.trainer.get(key)
-            if value != defaults.get(key):
-                setting = f"parallel.{renamed.get(key, key)}"
-                # 'ddp_find_unused_parameters_true', or DDPStrategy with find_unused_parameters=True
-                if key == "strategy" and re.search(r"find_unused_parameters\W*_?true", str(value), re.IGNORECASE):
-                    setting = "`parallel.find_unused_parameters: true`"
-                raise UserError(
-                    f"trainer.{key}={value!r} and the parallel section both set the layout; "
-                    f"drop trainer.{key} and set {setting} instead (the parallel section decides it), "
-                    "or set `parallel: null` to use plain Lightning trainer settings"
-                )
-
     def instantiate_classes(self) -> None:
         """Build model, data and trainer (`plan`: model and data only); a bad init argument is one line."""
         try:
@@ -305,13 +204,13 @@ class ProjectCLI(LightningCLI):
         chosen = self.chosen.path if self.chosen is not None else None
         settings = self.plan_inputs[0] if self.plan_inputs is not None else None
         learning_rate = settings is not None and (settings.lr_scaling != "none" or settings.warmup_steps > 0)
-        listed = _listed(trainer_config.get("callbacks"))
-        writer = self.command == "predict" and not lists_prediction_writer(listed)  # predictions.csv by default
+        configured = listed(trainer_config.get("callbacks"))
+        writer = self.command == "predict" and not lists_prediction_writer(configured)  # predictions.csv by default
         bar = wants_template_progress_bar(trainer_config)
         own = template_callbacks(self.loaders, chosen, bar, learning_rate, self._stragglers(), writer)
         # torch.compile once the strategy has wrapped the model
         compiled = [CompileAfterWrap()] if self.plan is not None and self.plan.compile else []
-        kwargs["callbacks"] = [*listed, *own, *compiled]
+        kwargs["callbacks"] = [*configured, *own, *compiled]
         if self.command == "check":  # the layout, the sampling and the model as configured; nothing written
             kept = [self.loaders] if self.loaders is not None else []
             kwargs.update(check_trainer_kwargs(self.config, [*kept, *compiled]))

@@ -15,7 +15,6 @@ Bad input is one line on stderr and exit code 2 (:mod:`project.errors`).
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +32,14 @@ from project.commands import split_command
 from project.config_errors import check_config_files
 from project.consolidate import consolidate
 from project.errors import UserError, run_reporting_user_errors
+from project.launch.legacy import strip_legacy_local_rank
 from project.launch.ray import run_on_ray, submits_to_ray
 from project.lightning_private import stop_launched_processes
 from project.parallel.failures import defer_to_rank_zero, error_from_worker, explain_rank_failure
-from project.plan.environment import LEGACY_FLAG_ENV, strip_legacy_local_rank
+from project.plan.launchers import LEGACY_FLAG_ENV
 from project.plan_command import print_plan
-from project.runs import reserve_run_directory, run_directory
+from project.run_guard import RunDirectoryGuard
+from project.runs import run_directory
 
 
 @dataclass
@@ -126,77 +127,6 @@ def refuse_mismatched_checkpoint(chosen: Chosen | None, model: L.LightningModule
     io = trainer.strategy.checkpoint_io
     if isinstance(io, AtomicCheckpointIO):
         io.preload(chosen.path, chosen.checkpoint)  # Lightning gets it without reading the file again
-
-
-def _times(path: Path) -> tuple[int, int]:
-    return path.stat().st_atime_ns, path.stat().st_mtime_ns
-
-
-@dataclass(frozen=True)
-class RunDirectoryGuard:
-    """What a run directory and its parents looked like before a run, to undo a run that was refused.
-
-    Lightning creates the logger's run directory (and an event file) before any callback's ``setup``, so a
-    refusal inside the Trainer (a global batch that cannot work, a monitor the sanity check does not see)
-    comes after it: :meth:`undo` removes what the refused run added and gives the folders their times back.
-    A new run's folder is created here, atomically (:func:`project.runs.reserve_run_directory`), so that two
-    runs started at once never share one.
-    """
-
-    run_dir: Path | None
-    existed: frozenset[Path] = frozenset()
-    times: tuple[tuple[Path, tuple[int, int]], ...] = ()
-
-    @classmethod
-    def of(cls, trainer: L.Trainer, continuing: bool) -> RunDirectoryGuard:
-        """Reserve ``trainer``'s run directory (``logs/<name>/version_<n>``, rank 0) and note what existed.
-
-        Args:
-            trainer: The built Trainer; its first logger names the run directory.
-            continuing: The command continues a run (``fit`` from a checkpoint of it): its folder may hold files.
-
-        Raises:
-            UserError: a run that does not continue would write into a folder that already holds a run.
-        """
-        logger = trainer.logger
-        # root_dir first: asking for log_dir would make the logger choose its version by listing the folders.
-        if logger is None or not (getattr(logger, "root_dir", None) or getattr(logger, "log_dir", None)):
-            return cls(None)
-        root = Path(getattr(logger, "root_dir", None) or Path(logger.log_dir).parent)
-        parents = (root, root.parent)
-        existed = {folder for folder in parents if folder.exists()}
-        times = tuple((f, _times(f)) for f in parents if f in existed)
-        reserved = reserve_run_directory(logger) if trainer.is_global_zero else None
-        run_dir = reserved or Path(logger.log_dir)
-        if reserved is None and run_dir.exists():  # a resumed run's (or a pinned version's): keep what is there
-            held = sorted(p.relative_to(run_dir) for p in run_dir.iterdir())
-            if held and not continuing:
-                raise UserError(
-                    f"the run directory {run_dir} already holds a run ({', '.join(map(str, held[:3]))}); a new run "
-                    "never writes into it: drop the logger's `version` to start the next version, or continue "
-                    "that run with `fit --resume auto`"
-                )
-            existed |= {run_dir, *run_dir.rglob("*")}
-            times = (*times, (run_dir, _times(run_dir)))
-        return cls(run_dir, frozenset(existed), times)
-
-    def undo(self) -> None:
-        """Remove what the run added, deepest first, and restore the folders' times: as if it never started."""
-        if self.run_dir is None:
-            return
-        chain = (self.run_dir, self.run_dir.parent, self.run_dir.parent.parent)
-        added = [p for p in self.run_dir.rglob("*") if p not in self.existed] if self.run_dir.exists() else []
-        for path in sorted(added, key=lambda p: len(p.parts), reverse=True):
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        for folder in chain:
-            if folder not in self.existed:
-                shutil.rmtree(folder, ignore_errors=True)
-        for folder, times in self.times:
-            if folder.exists():
-                os.utime(folder, ns=times)
 
 
 def has_test_to_run(model: L.LightningModule, data: L.LightningDataModule | None) -> str | None:

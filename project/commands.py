@@ -42,7 +42,7 @@ def split_command(args: list[str]) -> tuple[str, list[str]]:
 def answer_without_training_imports(args: list[str]) -> None:
     """Answer the top-level help and an unknown command here (exit); return for anything else."""
     # torch.distributed.launch's --local_rank is not the command (project.cli drops it again, and checks it)
-    from project.plan.environment import strip_legacy_local_rank
+    from project.launch.legacy import strip_legacy_local_rank
 
     rest = run_reporting_user_errors(lambda: strip_legacy_local_rank(args)[0])
     if not rest or rest[0] not in COMMANDS:

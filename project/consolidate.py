@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from project.checkpoints.atomic import atomic_torch_save
-from project.checkpoints.sharded import is_sharded_checkpoint, load_full_checkpoint
+from project.checkpoints.sharded import is_sharded_checkpoint
+from project.checkpoints.sharded_merge import load_full_checkpoint
 from project.errors import UserError
 
 USAGE = "python -m project consolidate CKPT_DIR [--out FILE] [--weights_only]"

@@ -30,6 +30,12 @@ class RankFailure(RunFailure):
     """Another rank died, hung or failed: named in one line (:func:`project.parallel.failures.explain_rank_failure`)."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first non-blank line of ``error``'s message, its runs of whitespace made one space (else its type)."""
+    lines = [" ".join(line.split()) for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 def debug_enabled() -> bool:
     """Whether tracebacks should be shown (``PROJECT_DEBUG=1``)."""
     return os.environ.get("PROJECT_DEBUG", "") not in ("", "0", "false")

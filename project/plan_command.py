@@ -12,7 +12,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import IterableDataset
 
 from project.callbacks.model_checks import refuse_manual_accumulation
-from project.parallel.fsdp import plan_units
+from project.parallel.fsdp_units import plan_units
 from project.parallel.limits import (
     SETTINGS,
     Limit,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import lightning as L
 
-from project.checkpoints import sharded
+from project.checkpoints import sharded_save
 from project.models.classifier import Classifier
 
 
@@ -24,14 +24,14 @@ class KillBeforeShardedRename(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Wrap the one function that moves a finished sharded checkpoint onto its name."""
-        replace = sharded.replace
+        replace = sharded_save.replace
 
         def dying_replace(source: Path, target: Path) -> None:
             if trainer.global_step == self.step and trainer.global_rank == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
             replace(source, target)
 
-        sharded.replace = dying_replace
+        sharded_save.replace = dying_replace
 
 
 class NanInOneShard(Classifier):

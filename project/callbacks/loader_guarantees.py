@@ -26,6 +26,7 @@ import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
+from project.callbacks.resume_position import check_resumable
 from project.errors import UserError
 from project.parallel.limits import TrainerLimits, refuse_unreachable_validation
 from project.parallel.sampler_install import (
@@ -100,7 +101,7 @@ class LoaderGuaranteesCallback(L.Callback):
             loader = source.train_dataloader()
             # A loader the layer left alone is built again by Lightning, which records its arguments then.
             self._built_train = loader if self.guarantees["training"]["held"] else None
-            self._check_resumable()
+            check_resumable(self.resuming, self.plan)
             if self._sampler is not None:  # map-style: the epoch's global batches are known now
                 refuse_unreachable_validation(trainer, self._sampler.num_global_batches)
         elif self.plan is None:
@@ -196,24 +197,6 @@ class LoaderGuaranteesCallback(L.Callback):
             else {}
         )
         return {"epoch": epoch, "batches_done": done, **sizes, **stream}
-
-    def _check_resumable(self) -> None:
-        """A resumed run must keep the global batch and its accumulation: the position counts micro-batches."""
-        saved, plan = (self.resuming or {}).get("global_batch_size"), self.plan
-        saved_accumulation = (self.resuming or {}).get("accumulation", 1)
-        if plan is not None and saved is not None and plan.accumulation != saved_accumulation:
-            raise UserError(
-                f"the checkpoint was trained with an accumulation of {saved_accumulation} micro-batches per step, "
-                f"this run's would be {plan.accumulation}: the data position could not continue; resume with "
-                f"--parallel.accumulation {saved_accumulation} and --parallel.global_batch_size {saved}"
-            )
-        if saved is not None and plan is not None and plan.global_batch_size not in (None, saved):
-            raise UserError(
-                f"the checkpoint was trained with global batches of {saved} samples, this run's would be "
-                f"{plan.global_batch_size} ({plan.per_device_batch_size} per process x {plan.world_size}): the "
-                f"data order could not continue; resume with --parallel.global_batch_size {saved}, or start a "
-                "new training from its weights with --model.init_args.weights"
-            )
 
     def _resume_stream(self) -> None:
         """The next pass over the training stream skips what the checkpoint's epoch trained on (once both are known).

@@ -25,13 +25,13 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
+from project.callbacks.finite import all_finite, gather_ranks, weights_finite
 from project.checkpoints import pending
 from project.errors import RunFailure, UserError
-from project.parallel.fsdp import sharded_finite
+from project.parallel.fsdp_sharding import sharded_finite
 from project.parallel.strategies import row_of
 
 ACTIONS = ("stop", "skip")
@@ -53,39 +53,6 @@ def _latest_checkpoint(trainer: L.Trainer) -> str | None:
         if p and Path(p).exists()  # a sharded (FSDP) checkpoint is a folder
     }
     return str(max(paths, key=lambda p: p.stat().st_mtime)) if paths else None
-
-
-def _all_finite(tensors: list[Tensor]) -> bool:
-    """Whether every element of ``tensors`` is finite: whether their sum is (one host sync).
-
-    A nan or inf anywhere makes the sum nan or inf; finite values overflow its float32 only past 3e38 (the norm
-    this replaces squared them, overflowing past 1e19). Summing costs a third of the norm's time, and
-    ``math.isfinite(x.item())`` under a microsecond where ``torch.isfinite`` on one number costs 20 us.
-    """
-    if not tensors:
-        return True
-    return math.isfinite(torch.stack([tensor.sum(dtype=torch.float32) for tensor in tensors]).sum().item())
-
-
-def _weights_finite(trainer: L.Trainer) -> bool:
-    """Whether the module's parameters are finite: the same verdict on every rank, since DDP keeps them equal.
-
-    Sharded (FSDP) parameters differ per rank: each checks its shard and the verdicts are all-reduced.
-    """
-    params = [param.detach() for param in trainer.lightning_module.parameters()]
-    return sharded_finite(params) if row_of(trainer.strategy).shards_parameters else _all_finite(params)
-
-
-def _gather(trainer: L.Trainer, tensor: Tensor) -> Tensor:
-    """``tensor`` of every rank, stacked in rank order (``[world_size, *shape]``): one all-gather."""
-    if trainer.world_size == 1:
-        return tensor.unsqueeze(0)
-    if not (dist.is_available() and dist.is_initialized()):
-        return trainer.strategy.all_gather(tensor).reshape(trainer.world_size, *tensor.shape)
-    # torch.distributed's own: Lightning's all_gather goes through a function torch 2.13 warns is deprecated.
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, tensor.contiguous())
-    return torch.stack(parts)
 
 
 class NonFiniteLossCallback(L.Callback):
@@ -162,7 +129,7 @@ class NonFiniteLossCallback(L.Callback):
             grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             # FSDP: each rank holds a shard of the gradients; one all-reduced verdict.
             sharded = row_of(trainer.strategy).grads_are_dtensors
-            if sharded_finite(grads) if sharded else _all_finite(grads):
+            if sharded_finite(grads) if sharded else all_finite(grads):
                 return
         losses = trainer.strategy.all_gather(loss).reshape(-1).cpu() if trainer.world_size > 1 else loss.reshape(1)
         bad = [rank for rank, value in enumerate(losses.tolist()) if not math.isfinite(value)]
@@ -232,10 +199,10 @@ class NonFiniteLossCallback(L.Callback):
         if trainer.world_size == 1:
             if math.isfinite(torch.stack([loss for _, _, loss in window]).sum().item()):  # 1 us; isfinite: 20
                 return
-        elif _weights_finite(trainer):  # the same on every rank: no collective
+        elif weights_finite(trainer):  # the same on every rank: no collective
             return
         # Every rank got here alike: one all-gather of the windows names the step and the rank(s).
-        losses = _gather(trainer, torch.stack([loss for _, _, loss in window])).cpu()
+        losses = gather_ranks(trainer, torch.stack([loss for _, _, loss in window])).cpu()
         finite = torch.isfinite(losses)
         checkpoint = _latest_checkpoint(trainer)
         kept = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint was written yet"

@@ -20,27 +20,26 @@ predict loaders a first column ``dataloader`` says which one, and ``index`` coun
 What cannot be split into one value per sample (one number for the whole batch, a list whose length is
 not the batch's) stops ``predict`` with one ``error:`` line naming what was returned, before anything is
 written. A ``predict_step`` that returns ``None`` for every batch writes nothing and says so.
+
+This module collects the rows on every rank and writes them on rank 0; splitting one batch's output into rows
+and the CSV text are :mod:`project.callbacks.prediction_format`.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import operator
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
-import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 
+from project.callbacks.prediction_format import Unsplittable, describe, prediction_csv, prediction_table
 from project.checkpoints.atomic import atomic_write_text
 from project.errors import UserError
 from project.parallel.samplers import EvalShardSampler
@@ -52,125 +51,6 @@ EXPECTED = (
     "sample, or a tuple, list or dict of those (project/callbacks/predictions.py); or list a prediction writer "
     "of your own in trainer.callbacks"
 )
-_PLAIN = (str, int, float, bool, type(None), np.generic)
-
-
-class Unsplittable(UserError):
-    """A ``predict_step`` output that cannot be written as one row per sample."""
-
-
-def _is_array(value: Any) -> bool:
-    """A tensor or NumPy array with a first dimension to split."""
-    return isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim > 0
-
-
-def _is_plain(value: Any) -> bool:
-    """One sample's value of a per-sample list: a string, a number, or a 0-dim tensor or array."""
-    return isinstance(value, _PLAIN) or (isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0)
-
-
-def _is_values(value: Any) -> bool:
-    """A list of plain values: one per sample (a tuple is one column per position, as a tuple of tensors is)."""
-    return isinstance(value, list) and len(value) > 0 and all(_is_plain(v) for v in value)
-
-
-def describe(value: Any, depth: int = 0) -> str:
-    """What ``value`` is, short, for an error: ``a tensor of shape [16, 3]``, ``a dict {'label': a list of 15 str}``."""
-    if value is None:
-        return "None"
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {list(value.shape)}"
-    if isinstance(value, np.ndarray):
-        return f"an array of shape {list(value.shape)}"
-    if _is_values(value):
-        kinds = "/".join(sorted({type(v).__name__ for v in value}))
-        return f"a {type(value).__name__} of {len(value)} {kinds}"
-    if depth > 2:  # an error line, not a dump of the structure
-        return f"a {type(value).__name__}"
-    if isinstance(value, Mapping):
-        items = ", ".join(f"{key!r}: {describe(sub, depth + 1)}" for key, sub in list(value.items())[:6])
-        return f"a dict {{{items}{', ...' if len(value) > 6 else ''}}}"
-    if isinstance(value, (list, tuple)):
-        items = ", ".join(describe(sub, depth + 1) for sub in value[:6])
-        return f"a {type(value).__name__} ({items}{', ...' if len(value) > 6 else ''})"
-    return f"a {type(value).__name__}"
-
-
-def _leaves(value: Any, name: str | None = None) -> list[tuple[str, Any]]:
-    """(column name, per-sample sequence) of each column in ``value``; ``name``: where it sits in the output."""
-    if _is_array(value) or _is_values(value):
-        return [(name or "prediction", value)]
-    if isinstance(value, Mapping) and value:
-        return [c for key, sub in value.items() for c in _leaves(sub, f"{name}.{key}" if name else str(key))]
-    if isinstance(value, (list, tuple)) and value:
-        return [c for i, sub in enumerate(value) for c in _leaves(sub, f"{name or 'prediction'}_{i}")]
-    what = "one value for the whole batch" if _is_plain(value) else f"{describe(value)}, nothing per sample"
-    where = f"column {name!r}" if name else "it"
-    raise Unsplittable(f"{where} is {what}")
-
-
-def _length(column: Any) -> int:
-    return column.shape[0] if _is_array(column) else len(column)
-
-
-def _cells(column: Any) -> list[Any]:
-    """One cell per sample: a number or string as it is, anything larger as a JSON list."""
-    if _is_array(column):
-        array = column.detach().cpu() if isinstance(column, torch.Tensor) else np.asarray(column)
-        if array.ndim == 1 or int(np.prod(array.shape[1:])) == 1:
-            return array.reshape(array.shape[0]).tolist()
-        # default=str: an object array's odd elements still become text, not a crash at the end of predict
-        return [json.dumps(row, default=str) for row in array.tolist()]
-    return [v.item() if isinstance(v, (torch.Tensor, np.ndarray, np.generic)) else v for v in column]
-
-
-def prediction_table(output: Any, batch_size: int | None) -> tuple[list[str], list[list[Any]]]:
-    """The column names and one row of cells per sample for one batch's ``output`` (without ``index``).
-
-    Args:
-        output: What ``predict_step`` returned for the batch.
-        batch_size: The samples in the batch; ``None`` when unknown: then every column must have the same length.
-
-    Raises:
-        Unsplittable: ``output`` is not one value per sample (see the module's docstring).
-    """
-    leaves = _leaves(output)
-    names = [name for name, _ in leaves]
-    doubled = sorted({name for name in names if names.count(name) > 1 or name in ("index", "dataloader")})
-    if doubled:
-        raise Unsplittable(f"the columns {doubled} would appear twice in predictions.csv; rename them")
-    lengths = {name: _length(column) for name, column in leaves}
-    expected = batch_size if batch_size is not None else next(iter(lengths.values()))
-    wrong = {name: n for name, n in lengths.items() if n != expected}
-    if wrong:
-        have = ", ".join(f"column {name!r} has {n}" for name, n in wrong.items())
-        raise Unsplittable(f"{have} values for a batch of {expected} samples")
-    columns = [_cells(column) for _, column in leaves]
-    return names, [list(row) for row in zip(*columns, strict=True)]
-
-
-def prediction_csv(
-    names: Sequence[str], loaders: Mapping[int, Sequence[tuple[int | None, Sequence[Any]]]], several: bool = False
-) -> str:
-    """The CSV text, header included: ``index,<names>`` rows, or ``dataloader,index,<names>`` for several loaders.
-
-    Args:
-        names: The prediction's column names.
-        loaders: Predict loader number -> its (sample index, cells) rows in the order predicted; an index is
-            ``None`` where the loader does not say it (an IterableDataset).
-        several: The run had several predict loaders: say which loader each row is from.
-    """
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["dataloader", "index", *names] if several else ["index", *names])
-    for k in sorted(loaders):
-        rows = loaders[k]
-        if all(i is not None for i, _ in rows):  # the samplers' own indices: dataset order, whatever the sampler
-            numbered = sorted(rows, key=lambda row: row[0])
-        else:  # a stream: its order is the only one there is
-            numbered = [(i, cells) for i, (_, cells) in enumerate(rows)]
-        writer.writerows(([k] if several else []) + [i, *cells] for i, cells in numbered)
-    return out.getvalue()
 
 
 def _sample_indices(batch_indices: Sequence[Any] | None) -> list[int] | None:

@@ -24,7 +24,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
-from project.checkpoints.sharded import checkpoint_weights
+from project.checkpoints.sharded_merge import checkpoint_weights
 from project.errors import UserError
 from project.export import (
     EXPORT_WEIGHTS,
@@ -40,11 +40,11 @@ from project.export_program import (
     PROGRAM_FILE,
     PROGRAM_FORMAT,
     STATE_DICT_FORMAT,
-    InputRecorder,
     ProgramExportError,
     export_program,
 )
 from project.parallel.strategies import row_of
+from project.program_inputs import InputRecorder
 from project.runs import run_directory
 
 

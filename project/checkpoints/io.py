@@ -20,7 +20,9 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from project.checkpoints.atomic import atomic_write
-from project.checkpoints.sharded import is_sharded_checkpoint, load_full_checkpoint, write_file_over
+from project.checkpoints.sharded import is_sharded_checkpoint
+from project.checkpoints.sharded_merge import load_full_checkpoint
+from project.checkpoints.sharded_save import write_file_over
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

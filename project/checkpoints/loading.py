@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from project.checkpoints import pending
-from project.errors import UserError
+from project.errors import UserError, first_line
 
 #: Set to 1 to load a *trusted* file that needs arbitrary code (full pickle) to load.
 ALLOW_PICKLE_ENV = "PROJECT_ALLOW_PICKLE"
@@ -60,7 +60,7 @@ def check_integrity(file: Path) -> None:
         with zipfile.ZipFile(file) as archive:
             damaged = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as error:
-        raise UserError(f"'{file}' is truncated or corrupt and cannot be loaded ({_first_line(error)})") from error
+        raise UserError(f"'{file}' is truncated or corrupt and cannot be loaded ({first_line(error)})") from error
     if damaged is not None:
         raise UserError(
             f"'{file}' is damaged: its member {damaged!r} fails its CRC32 check (the bytes changed after the file "
@@ -82,7 +82,7 @@ def safe_load(path: str | os.PathLike[str]) -> Any:
         return torch.load(file, map_location="cpu", weights_only=not trusted)
     except pickle.UnpicklingError as error:
         if trusted:
-            raise UserError(f"'{file}' cannot be unpickled even as a trusted file ({_first_line(error)})") from error
+            raise UserError(f"'{file}' cannot be unpickled even as a trusted file ({first_line(error)})") from error
         # torch names the first class or function the file would import and run: "GLOBAL faults.Extra".
         found = re.search(r"GLOBAL ([\w.]+)", str(error))
         what = f"a pickled {found.group(1)}" if found else "pickled objects beyond tensors and plain containers"
@@ -91,7 +91,7 @@ def safe_load(path: str | os.PathLike[str]) -> Any:
             f"weights_only=True refuses it; if you trust the file, rerun with {ALLOW_PICKLE_ENV}=1"
         ) from error
     except Exception as error:  # torch raises RuntimeError, EOFError, BadZipFile, KeyError... for a damaged file
-        raise UserError(f"'{file}' is truncated or corrupt and cannot be loaded ({_first_line(error)})") from error
+        raise UserError(f"'{file}' is truncated or corrupt and cannot be loaded ({first_line(error)})") from error
 
 
 def load_lightning_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -103,7 +103,3 @@ def load_lightning_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             "weights with --model.init_args.weights"
         )
     return checkpoint
-
-
-def _first_line(error: BaseException) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -29,7 +29,8 @@ from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from project.checkpoints.loading import safe_load
-from project.checkpoints.sharded import is_sharded_checkpoint, read_checkpoint, read_summary, remove_partial
+from project.checkpoints.sharded import is_sharded_checkpoint, read_checkpoint, read_summary
+from project.checkpoints.sharded_save import remove_partial
 from project.errors import UserError
 
 #: ``--resume`` values: ``auto`` continues the newest good checkpoint of the run name, or starts fresh.

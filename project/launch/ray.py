@@ -27,8 +27,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from project.errors import RankFailure, RunFailure, UserError
-from project.plan.environment import RAY, detect_environment
+from project.errors import RankFailure, RunFailure, UserError, first_line
+from project.plan.environment import detect_environment
+from project.plan.launchers import RAY
 from project.plan.resolve import Plan
 
 INSTALL = "pip install -e .[ray]"
@@ -165,13 +166,13 @@ def failure_from_ray(error: BaseException, world_size: int) -> UserError | RunFa
         controller = getattr(error, "controller_failure", None)
         if controller is None:
             return None
-        return RunFailure(f"the Ray Train job failed before its workers ran: {_first_line(controller)}")
+        return RunFailure(f"the Ray Train job failed before its workers ran: {first_line(controller)}")
     rank = min(failures, key=lambda r: (_precedence(failures[r]), r))
     cause = _original(failures[rank])
     where = f"rank {rank} of {world_size} Ray workers"
     resume = "then resume with `fit --resume auto`"
     if isinstance(cause, UserError):
-        return UserError(f"{where}: {_first_line(cause)}")
+        return UserError(f"{where}: {first_line(cause)}")
     died = getattr(cause, "health_check_failure", None)
     if died is not None:
         pid = re.search(r"\bpid[:=]\s*(\d+)", str(died))
@@ -181,9 +182,9 @@ def failure_from_ray(error: BaseException, world_size: int) -> UserError | RunFa
             f"the others. Read Ray's report above, {resume}"
         )
     if isinstance(cause, RunFailure):
-        return RunFailure(f"{where}: {_first_line(cause)}")
+        return RunFailure(f"{where}: {first_line(cause)}")
     return RunFailure(
-        f"{where} failed: {type(cause).__name__}: {_first_line(cause)} (its traceback is in Ray's output above); "
+        f"{where} failed: {type(cause).__name__}: {first_line(cause)} (its traceback is in Ray's output above); "
         f"fix it, {resume}"
     )
 
@@ -205,11 +206,6 @@ def _original(error: BaseException) -> BaseException:
             break
         error = inner
     return error
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _worker(config: dict[str, Any]) -> str | None:

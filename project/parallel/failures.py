@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from project.dotted import import_object
-from project.errors import RankFailure, RunFailure, UserError
+from project.errors import RankFailure, RunFailure, UserError, first_line
 from project.launch.ranks import ForkedRank, how_it_ended
 from project.lightning_private import launched_processes
 from project.parallel.strategies import built_from_plan
@@ -108,8 +108,7 @@ def _unused_parameters(trainer: L.Trainer) -> UnusedParametersError:
 
 def _gist(error: BaseException) -> str:
     """The backend's own words without its source location: "[pair.cc:534] Connection closed by peer ..."."""
-    line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    line = re.sub(r"^\[[^\]]*\]\s*", "", line)
+    line = re.sub(r"^\[[^\]]*\]\s*", "", first_line(error))
     return line.split(". ")[0][:160]
 
 
@@ -133,6 +132,15 @@ class PortInUseError(UserError):
     """The rendezvous port is taken: a setting to change, not a rank that died."""
 
 
+def _port_in_use() -> PortInUseError:
+    """The one line for a rendezvous that could not start: ``MASTER_PORT`` is taken on this machine."""
+    port = os.environ.get("MASTER_PORT", "the rendezvous port")
+    return PortInUseError(
+        f"MASTER_PORT={port} is already in use on this machine (another run, or a process left over from one), "
+        "so the rendezvous could not start; choose a free port, or unset MASTER_PORT and the launcher picks one"
+    )
+
+
 def explain_rank_failure(
     error: BaseException,
     trainer: L.Trainer | None,
@@ -154,11 +162,7 @@ def explain_rank_failure(
     if any(s in text for s in _UNUSED_PARAMETERS):  # before the children: they stopped for the same reason
         return _unused_parameters(trainer)
     if any(s in text for s in _PORT_IN_USE):  # rank 0 could not host the rendezvous: no rank died
-        port = os.environ.get("MASTER_PORT", "the rendezvous port")
-        return PortInUseError(
-            f"MASTER_PORT={port} is already in use on this machine (another run, or a process left over from one), "
-            "so the rendezvous could not start; choose a free port, or unset MASTER_PORT and the launcher picks one"
-        )
+        return _port_in_use()
     lost, timed_out = any(s in text for s in _LOST_PEER), any(s in text for s in _TIMED_OUT)
     rank = trainer.global_rank
     # A child that broke the connection is dead, or about to be reaped; a stuck one never exits.

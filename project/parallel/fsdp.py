@@ -1,4 +1,4 @@
-"""Fully sharded data parallel for any LightningModule: ``parallel.scenario: fsdp``.
+"""Fully sharded data parallel for any LightningModule: ``parallel.scenario: fsdp`` (the strategy).
 
 The strategy is Lightning's FSDP2-based :class:`~lightning.pytorch.strategies.ModelParallelStrategy` (its device
 mesh, launcher, process group), except that the module need not write ``configure_model``: the strategy applies
@@ -7,13 +7,8 @@ before sharding at the sharded parameters. Its checkpoints are atomic sharded fo
 pickle policy (:mod:`project.checkpoints.sharded`); every rank starts from rank 0's weights, as under DDP;
 gradient accumulation reduces on the last micro-batch only; an evaluation whose exactly-once shards give the
 ranks different numbers of batches runs on parameters gathered once (FSDP's per-forward gathers would hang).
-
-What is sharded: every child module of the LightningModule that holds parameters (the networks it calls,
-e.g. ``.net``) is one FSDP root, and inside it each module of ``wrap_modules`` is a unit of its own (its
-parameters are gathered just before its forward and freed after). Without ``wrap_modules`` the units are
-the outermost modules whose class occurs more than once in the network (an MLP's layers, a transformer's
-blocks): :func:`default_wrap_classes`. Parameters held by the LightningModule itself would not be
-sharded nor reduced, so they are refused.
+What is sharded, and which modules are units, is :mod:`project.parallel.fsdp_units`; applying it,
+:mod:`project.parallel.fsdp_sharding`; the evaluation on uneven shards, :mod:`project.parallel.fsdp_evaluation`.
 
 Sharding, in the words of FSDP1 / DeepSpeed:
 
@@ -30,208 +25,33 @@ It runs on GPUs (nccl) and, where no GPU is visible, on CPU processes over gloo 
 from __future__ import annotations
 
 import uuid
-from collections import Counter
-from collections.abc import Generator, Iterable
+from collections.abc import Generator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
-from project.checkpoints.sharded import is_sharded_checkpoint, load_full_into, load_sharded_into, save_sharded
-from project.dotted import names_object
-from project.errors import UserError
+from project.checkpoints.sharded import is_sharded_checkpoint
+from project.checkpoints.sharded_load import load_full_into, load_sharded_into
+from project.checkpoints.sharded_save import save_sharded
 from project.lightning_private import set_mesh_sizes
-from project.plan.strategies import RESHARD_AFTER_FORWARD
+from project.parallel.fsdp_evaluation import evaluation_batches, gather_if_uneven, reshard_after_evaluation
+from project.parallel.fsdp_sharding import (
+    broadcast_from_rank0,
+    fsdp_modules,
+    is_sharded,
+    point_optimizers_at,
+    shard_module,
+)
+from project.parallel.fsdp_units import resolve_wrap_classes
 
 if TYPE_CHECKING:
     import lightning as L
     from torch.distributed.device_mesh import DeviceMesh
-
-
-def _has_parameters(module: nn.Module) -> bool:
-    return any(True for _ in module.parameters())
-
-
-def sharded_roots(module: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The children of a LightningModule that FSDP shards (those with parameters: its networks).
-
-    Raises:
-        UserError: the LightningModule holds parameters itself, which FSDP would neither shard nor reduce.
-    """
-    own = [name for name, _ in module.named_parameters(recurse=False)]
-    if own:
-        raise UserError(
-            f"scenario fsdp shards the networks a LightningModule holds, but {type(module).__name__} holds the "
-            f"parameter(s) {', '.join(own)} itself; move them into a child nn.Module, or use scenario ddp"
-        )
-    return [(name, child) for name, child in module.named_children() if _has_parameters(child)]
-
-
-def _class_names(cls: type) -> set[str]:
-    return {cls.__name__, f"{cls.__module__}.{cls.__qualname__}"}
-
-
-def default_wrap_classes(roots: Iterable[nn.Module]) -> list[type]:
-    """The outermost repeated modules' classes: an MLP's layers, a transformer's blocks (not the layers inside).
-
-    A class qualifies when more than one of its modules (with parameters) is in the networks and a walk from
-    each network's top meets it before any other repeated class; a class whose modules also sit inside another
-    qualifying class's modules is dropped (a transformer's blocks, not also every Linear in and around them).
-    """
-    roots = list(roots)
-    counts: Counter[type] = Counter()
-    for root in roots:
-        counts.update(type(m) for m in root.modules() if m is not root and _has_parameters(m))
-    found: list[type] = []
-
-    def visit(module: nn.Module) -> None:
-        for child in module.children():
-            if counts[type(child)] > 1 and _has_parameters(child):
-                if type(child) not in found:
-                    found.append(type(child))
-            else:
-                visit(child)
-
-    for root in roots:
-        visit(root)
-    nested = {
-        type(inner)
-        for root in roots
-        for outer in root.modules()
-        if outer is not root and type(outer) in found
-        for inner in outer.modules()
-        if inner is not outer and type(inner) in found and type(inner) is not type(outer)
-    }
-    return [cls for cls in found if cls not in nested]
-
-
-def resolve_wrap_classes(module: nn.Module, wrap_modules: list[str] | None) -> list[type]:
-    """The module classes that become FSDP units: ``wrap_modules`` (names or import paths) or the default rule.
-
-    Raises:
-        UserError: a name matches no module class of the model (the message lists the classes it has).
-    """
-    roots = [child for _, child in sharded_roots(module)]
-    if wrap_modules is None:
-        return default_wrap_classes(roots)
-    present = {type(m) for root in roots for m in root.modules() if _has_parameters(m)}
-    chosen: list[type] = []
-    for name in wrap_modules:
-        found = [cls for cls in present if name in _class_names(cls)]
-        if not found and "." in name:
-            found = [cls for cls in present if names_object(name, cls)]
-        if not found:
-            have = ", ".join(sorted(cls.__name__ for cls in present)) or "none"
-            raise UserError(
-                f"parallel.wrap_modules lists {name!r}, but {type(module).__name__}'s networks have no module of "
-                f"that class (they have: {have}); name one of those, or leave wrap_modules unset for the default"
-            )
-        chosen += [cls for cls in found if cls not in chosen]
-    return chosen
-
-
-def describe_wrapping(module: nn.Module, wrap_modules: list[str] | None) -> dict[str, Any]:
-    """What ``fully_shard`` makes units of: the networks (roots), the unit classes, how many units (for ``plan``)."""
-    classes = resolve_wrap_classes(module, wrap_modules)
-    roots = sharded_roots(module)
-    units = sum(1 for _, root in roots for m in root.modules() if m is not root and isinstance(m, tuple(classes)))
-    return {
-        "roots": [name for name, _ in roots],
-        "classes": [cls.__name__ for cls in classes],
-        "units": units,
-    }
-
-
-def plan_units(scenario: str, strategy: str, model: nn.Module | None, wrap_modules: list[str] | None) -> dict[str, Any]:
-    """``plan``'s view of the units: ``{"units": describe_wrapping(...)}`` under the fsdp strategy, else ``{}``.
-
-    Under scenario fsdp it checks ``wrap_modules`` against the model at any world size (one line if wrong).
-    """
-    if scenario != "fsdp" or model is None:
-        return {}
-    units = describe_wrapping(model, wrap_modules)
-    return {"units": units} if strategy == "fsdp" else {}
-
-
-def is_sharded(module: nn.Module) -> bool:
-    """Whether ``fully_shard`` was applied to ``module`` or one of its submodules."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return any(isinstance(m, FSDPModule) for m in module.modules())
-
-
-def fsdp_modules(module: nn.Module) -> list[Any]:
-    """The FSDP units inside ``module``."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return [m for m in module.modules() if isinstance(m, FSDPModule)]
-
-
-def shard_module(
-    module: nn.Module,
-    mesh: DeviceMesh,
-    sharding: str,
-    cpu_offload: bool,
-    wrap_classes: list[type],
-) -> None:
-    """Apply ``fully_shard`` to each unit of ``module``'s networks (innermost first), then to each network."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
-
-    kwargs: dict[str, Any] = {
-        "mesh": mesh,
-        "reshard_after_forward": RESHARD_AFTER_FORWARD[sharding],
-        # Pinned host memory needs CUDA; on CPU processes the offload is a no-op anyway.
-        "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy(),
-    }
-    classes = tuple(wrap_classes)
-    for _, root in sharded_roots(module):
-        # Reversed pre-order puts every module after its descendants: fully_shard goes bottom-up.
-        for sub in reversed(list(root.modules())):
-            if sub is not root and isinstance(sub, classes) and _has_parameters(sub):
-                fully_shard(sub, **kwargs)
-        fully_shard(root, **kwargs)
-
-
-def broadcast_from_rank0(module: nn.Module, device: torch.device) -> None:
-    """Give every rank rank 0's parameters and buffers before sharding, as DDP does when it wraps.
-
-    A tensor that is not on the process group's ``device`` (CPU weights under nccl) goes through a copy there,
-    one tensor at a time, so no rank ever holds the whole model on the device.
-    """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    with torch.no_grad():
-        for tensor in [*module.parameters(), *module.buffers()]:
-            if tensor.device.type == "meta":
-                continue
-            if tensor.device == device:
-                dist.broadcast(tensor, src=0)
-            else:
-                staged = tensor.detach().to(device)
-                dist.broadcast(staged, src=0)
-                tensor.copy_(staged)
-
-
-def sharded_finite(tensors: list[torch.Tensor]) -> bool:
-    """Whether sharded (FSDP) tensors (gradients, parameters) are finite on every rank.
-
-    Each rank holds its shard, so a nan may sit in one rank's shard only: each rank checks its own and the
-    verdicts are all-reduced (one one-element collective), so all ranks agree.
-    """
-    from torch.distributed.tensor import DTensor
-
-    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
-    norm = torch.nn.utils.get_total_norm(local, norm_type=2.0, foreach=True)
-    bad = (~torch.isfinite(norm)).float().reshape(1)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    return not bool(bad.item())
 
 
 class FullyShardStrategy(ModelParallelStrategy):
@@ -313,15 +133,7 @@ class FullyShardStrategy(ModelParallelStrategy):
         super().setup_optimizers(trainer)
         assert self.lightning_module is not None
         now = dict(self.lightning_module.named_parameters())
-        live = {id(p) for p in now.values()}
-        names = {id(p): name for name, p in self._before_sharding.items()}
-        for optimizer in self.optimizers:
-            for group in optimizer.param_groups:
-                for i, param in enumerate(group["params"]):
-                    if id(param) not in live and id(param) in names:
-                        group["params"][i] = now[names[id(param)]]
-                        if param in optimizer.state:
-                            optimizer.state[group["params"][i]] = optimizer.state.pop(param)
+        point_optimizers_at(self.optimizers, self._before_sharding, now)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         """Every rank writes its shards into a hidden folder; rank 0 moves it onto the name when complete."""
@@ -367,43 +179,19 @@ class FullyShardStrategy(ModelParallelStrategy):
             for unit in units:
                 unit.set_requires_gradient_sync(True, recurse=False)
 
-    # Evaluation: FSDP gathers each unit's parameters at every forward, a collective that every rank must
-    # join; exactly-once shards can give ranks different numbers of batches. Then the parameters are gathered
-    # once for the whole evaluation (the full model's memory, as under DDP) and freed after.
-
-    def _evaluation_batches(self, trainer: L.Trainer) -> list[float]:
-        if trainer.testing:
-            return list(trainer.num_test_batches)
-        if trainer.predicting:
-            return list(trainer.num_predict_batches)
-        if trainer.sanity_checking:
-            return list(trainer.num_sanity_val_batches)
-        return list(trainer.num_val_batches)
+    # Evaluation on shards of uneven length: parameters gathered once (project.parallel.fsdp_evaluation).
 
     def _gather_if_uneven(self) -> None:
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if trainer is None or self.world_size == 1:
             return
-        mine = self._evaluation_batches(trainer)  # one count per loader; every rank has the same loaders
-        counts = torch.tensor([float(n) for n in mine], dtype=torch.float64, device=self.root_device)
-        everyone = [torch.zeros_like(counts) for _ in range(self.world_size)]
-        dist.all_gather(everyone, counts)
-        if all(torch.equal(c, everyone[0]) for c in everyone) and torch.isfinite(counts).all():
-            return
-        units = fsdp_modules(self.lightning_module)
-        for unit in units:
-            unit.set_reshard_after_forward(False, recurse=False)
-            unit.unshard()
-        self._gathered_for_evaluation = units
+        mine = evaluation_batches(trainer)  # one count per loader; every rank has the same loaders
+        units = gather_if_uneven(self.lightning_module, mine, self.world_size, self.root_device)
+        if units is not None:
+            self._gathered_for_evaluation = units
 
     def _reshard_after_evaluation(self) -> None:
-        roots = {id(child) for child in self.lightning_module.children()} if self.lightning_module else set()
-        for unit in self._gathered_for_evaluation:
-            unit.reshard()
-            # FSDP2's own choice back: a root keeps its parameters from forward to backward (they would be
-            # gathered again at once), the other units as the sharding says.
-            again = RESHARD_AFTER_FORWARD[self.sharding] and id(unit) not in roots
-            unit.set_reshard_after_forward(again, recurse=False)
+        reshard_after_evaluation(self._gathered_for_evaluation, self.lightning_module, self.sharding)
         self._gathered_for_evaluation = []
 
     def on_validation_start(self) -> None:

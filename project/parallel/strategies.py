@@ -14,7 +14,6 @@ from typing import Any
 from torch.nn.parallel import DistributedDataParallel
 
 from project.dotted import import_object
-from project.plan.environment import cluster_environment
 from project.plan.resolve import Plan
 from project.plan.strategies import STRATEGIES, StrategyRow
 
@@ -71,7 +70,7 @@ def build_strategy(plan: Plan) -> Any:
     if not isinstance(strategy, str):
         setattr(strategy, ROW_ATTRIBUTE, plan.strategy)
         if plan.cluster_environment is not None:
-            strategy.cluster_environment = cluster_environment(plan.cluster_environment)
+            strategy.cluster_environment = import_object(plan.cluster_environment)()
     return strategy
 
 

@@ -8,8 +8,10 @@ under dp) and an accumulation of 1.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from project.errors import UserError
+from project.plan.config import ParallelConfig
 
 
 @dataclass(frozen=True)
@@ -81,21 +83,28 @@ def resolve_batch(
             per_device, None if per_device is None else per_device * world_size * accumulation, accumulation
         )
     name = "data batch_size (global under dp)" if from_data else "parallel.global_batch_size"
-    if per_device_batch_size is not None and accumulation is not None:
-        if per_device_batch_size * world_size * accumulation != global_batch_size:
+    return _from_global(global_batch_size, name, world_size, per_device_batch_size, accumulation, size_name)
+
+
+def _from_global(
+    global_: int, name: str, world_size: int, per_device: int | None, accumulation: int | None, size_name: str
+) -> BatchSizes:
+    """(per-device, global, accumulation) when the global batch is given: the other two divide it."""
+    if per_device is not None and accumulation is not None:
+        if per_device * world_size * accumulation != global_:
             raise UserError(
-                f"parallel.global_batch_size={global_batch_size} is not per_device_batch_size "
-                f"{per_device_batch_size} x {size_name} {world_size} x accumulation {accumulation} "
-                f"(= {per_device_batch_size * world_size * accumulation}); give two of the three"
+                f"parallel.global_batch_size={global_} is not per_device_batch_size "
+                f"{per_device} x {size_name} {world_size} x accumulation {accumulation} "
+                f"(= {per_device * world_size * accumulation}); give two of the three"
             )
-        return BatchSizes(per_device_batch_size, global_batch_size, accumulation)
-    if per_device_batch_size is not None:
-        per_step = per_device_batch_size * world_size
-        what = f"per_device_batch_size {per_device_batch_size} x {size_name} {world_size} = {per_step}"
-        return BatchSizes(per_device_batch_size, global_batch_size, _split(global_batch_size, per_step, name, what))
+        return BatchSizes(per_device, global_, accumulation)
+    if per_device is not None:
+        per_step = per_device * world_size
+        what = f"per_device_batch_size {per_device} x {size_name} {world_size} = {per_step}"
+        return BatchSizes(per_device, global_, _split(global_, per_step, name, what))
     accumulation = accumulation or 1
     what = f"the {size_name} {world_size}" + (f" x accumulation {accumulation}" if accumulation > 1 else "")
-    return BatchSizes(_split(global_batch_size, world_size * accumulation, name, what), global_batch_size, accumulation)
+    return BatchSizes(_split(global_, world_size * accumulation, name, what), global_, accumulation)
 
 
 def lr_factor(rule: str, global_batch_size: int | None, reference_batch_size: int | None) -> float | None:
@@ -115,3 +124,79 @@ def lr_factor(rule: str, global_batch_size: int | None, reference_batch_size: in
         return None
     ratio = global_batch_size / reference_batch_size
     return ratio if rule == "linear" else ratio**0.5
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """What the ``parallel`` section asked of the batch and learning rate: completed by the loader's batch size."""
+
+    global_batch_size: int | None = None
+    per_device_batch_size: int | None = None
+    accumulation: int | None = None
+    lr_scaling: str = "none"
+    reference_batch_size: int | None = None
+    warmup_steps: int = 0
+    configured_lr: float | None = None
+
+    @classmethod
+    def of(cls, config: ParallelConfig, configured_lr: float | None) -> BatchRequest:
+        """The request of the ``parallel`` section, with the optimizer's configured learning rate."""
+        return cls(
+            config.global_batch_size,
+            config.per_device_batch_size,
+            config.accumulation,
+            config.lr_scaling,
+            config.reference_batch_size,
+            config.warmup_steps,
+            configured_lr,
+        )
+
+
+def batch_fields(
+    scenario: str, degrees: dict[str, int], request: BatchRequest, data_batch_size: int | None
+) -> tuple[dict[str, Any], list[str]]:
+    """The plan's batch and learning-rate fields for ``data_batch_size``, and the notes that explain them."""
+    dp_size = degrees["dp_replicate"] * degrees["dp_shard"]
+    size_name = "world size" if degrees.get("tp", 1) == 1 else "data-parallel size"
+    batch = resolve_batch(
+        scenario,
+        request.global_batch_size,
+        data_batch_size,
+        dp_size,
+        request.per_device_batch_size,
+        request.accumulation,
+        size_name,
+    )
+    notes: list[str] = []
+    if scenario == "dp" and batch.global_ is not None:
+        notes.append(
+            "dp runs as DDP (Lightning removed DataParallel): one process per GPU instead of threads; "
+            f"the global batch {batch.global_} is split into {batch.per_device} per GPU, as DataParallel's scatter did"
+        )
+    factor = lr_factor(request.lr_scaling, batch.global_, request.reference_batch_size)
+    if request.lr_scaling != "none" and factor is not None:
+        notes.append(
+            f"learning rates x {factor:g} ({request.lr_scaling}: global batch {batch.global_} against the "
+            f"reference {request.reference_batch_size})"
+        )
+    if batch.accumulation > 1:
+        notes.append(
+            f"gradient accumulation: {batch.accumulation} micro-batches of {batch.per_device} per process make one "
+            f"optimizer step of {batch.global_}; DDP all-reduces on the last micro-batch only"
+        )
+    configured = request.configured_lr
+    fields = {
+        "per_device_batch_size": batch.per_device,
+        "global_batch_size": batch.global_,
+        "accumulation": batch.accumulation,
+        "learning_rate": {
+            "scaling": request.lr_scaling,
+            "reference_batch_size": request.reference_batch_size,
+            "factor": factor,
+            "warmup_steps": request.warmup_steps,
+            "lr": None
+            if configured is None or factor is None
+            else {"configured": configured, "scaled": configured * factor},
+        },
+    }
+    return fields, notes

@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from project.errors import UserError
+from project.launch.legacy import strip_legacy_local_rank
 from project.launch.ray import check_ray_plan
-from project.plan.environment import LaunchEnvironment, detect_environment, strip_legacy_local_rank
+from project.plan.environment import LaunchEnvironment, detect_environment
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 
 from helpers import CPU_DDP, DIGITS, FAST, REPO, assert_clean_error, cli_env, free_port, read_plan, run_cli, run_dirs

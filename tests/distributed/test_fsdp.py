@@ -28,13 +28,13 @@ from jsonargparse import Namespace
 from test_resume import every_10_steps
 from torch import nn
 
-from project.checkpoints import sharded
+from project.checkpoints import sharded, sharded_merge, sharded_save
 from project.checkpoints.resume import RunName, choose_checkpoint, find_resume_checkpoint
 from project.consolidate import consolidate
 from project.errors import UserError
 from project.models.classifier import Classifier
 from project.models.digits_net import DigitsNet
-from project.parallel.fsdp import default_wrap_classes, plan_units, resolve_wrap_classes, sharded_roots
+from project.parallel.fsdp_units import default_wrap_classes, plan_units, resolve_wrap_classes, sharded_roots
 from project.plan.environment import LaunchEnvironment
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 
@@ -92,7 +92,7 @@ def said(result: subprocess.CompletedProcess[str]) -> str:
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
     """The LightningModule weights of a checkpoint file or a sharded folder (merged)."""
-    return sharded.checkpoint_weights(path)
+    return sharded_merge.checkpoint_weights(path)
 
 
 def assert_close_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
@@ -215,7 +215,7 @@ def write_sharded(path: Path, step: int = 5) -> tuple[nn.Module, torch.optim.Opt
         "callbacks": {},
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    sharded.save_sharded(checkpoint, path, f"t{step}", True, lambda: None)
+    sharded_save.save_sharded(checkpoint, path, f"t{step}", True, lambda: None)
     return module, optimizer
 
 
@@ -226,7 +226,7 @@ def test_a_sharded_checkpoint_merges_into_an_ordinary_one(tmp_path):
     summary = sharded.read_summary(folder)
     assert summary["global_step"] == 5 and summary["state_dict"]["0.weight"].shape == (4, 3)
     assert summary["state_dict"]["0.weight"].device.type == "meta"  # no tensor was read
-    merged = sharded.load_full_checkpoint(folder)
+    merged = sharded_merge.load_full_checkpoint(folder)
     assert_close_weights(merged["state_dict"], module.state_dict())
     fresh = torch.optim.AdamW(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)).parameters(), lr=0.1)
     fresh.load_state_dict(merged["optimizer_states"][0])  # keyed by position again, as Optimizer.state_dict
@@ -259,7 +259,7 @@ def test_a_half_written_sharded_checkpoint_is_never_chosen(tmp_path, capsys):
     write_sharded(checkpoints / "last.ckpt", step=5)
     # Newer, but hidden (a save killed before its rename) or without meta.pt (not written by the template).
     write_sharded(checkpoints / "stage.ckpt", step=9)
-    shutil.move(checkpoints / "stage.ckpt", sharded.partial_name(checkpoints / "last.ckpt", "dead"))
+    shutil.move(checkpoints / "stage.ckpt", sharded_save.partial_name(checkpoints / "last.ckpt", "dead"))
     write_sharded(checkpoints / "other.ckpt", step=12)
     (checkpoints / "other.ckpt" / sharded.LIGHTNING_META).unlink()
     path, detail = find_resume_checkpoint(RunName(tmp_path / "logs" / "toy"))
@@ -283,7 +283,7 @@ def test_a_sharded_checkpoint_that_would_run_code_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"holds a pickled builtins.print, which only arbitrary code can load"):
         sharded.read_summary(folder)
     with pytest.raises(UserError, match="PROJECT_ALLOW_PICKLE=1"):
-        sharded.load_full_checkpoint(folder)
+        sharded_merge.load_full_checkpoint(folder)
 
 
 def test_replace_puts_a_file_or_folder_over_either(tmp_path):
@@ -303,7 +303,7 @@ def test_replace_puts_a_file_or_folder_over_either(tmp_path):
             target = tmp_path / f"{new_kind}-over-{old_kind}"
             if old_kind:
                 make(target, old_kind, "old")
-            sharded.replace(make(tmp_path / f".new-{new_kind}-{old_kind}", new_kind, "new"), target)
+            sharded_save.replace(make(tmp_path / f".new-{new_kind}-{old_kind}", new_kind, "new"), target)
             assert read(target) == "new" and [p.name for p in tmp_path.glob(".*")] == []
 
 

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from project.callbacks import PredictionsWriter, lists_prediction_writer, template_callbacks
-from project.callbacks.predictions import Unsplittable, prediction_csv, prediction_table
+from project.callbacks.prediction_format import Unsplittable, prediction_csv, prediction_table
 
 from helpers import CPU_DDP, DIGITS, FAST, assert_clean_error, run_cli, run_dirs, two_at_a_time
 

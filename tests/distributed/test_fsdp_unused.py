@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from project.checkpoints import sharded
+from project.checkpoints import sharded, sharded_load, sharded_merge, sharded_save
 from project.consolidate import consolidate
 from project.errors import UserError
 
@@ -57,7 +57,7 @@ def save(module: nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> Non
         "loops": {},
         "callbacks": {},
     }
-    sharded.save_sharded(checkpoint, path, "t", True, lambda: None)
+    sharded_save.save_sharded(checkpoint, path, "t", True, lambda: None)
 
 
 def test_a_parameter_without_optimizer_state_loads_into_fresh_and_stepped_optimizers(tmp_path):
@@ -68,7 +68,7 @@ def test_a_parameter_without_optimizer_state_loads_into_fresh_and_stepped_optimi
     assert "state_dict.unused.weight" in keys and not any(".state.unused." in key for key in keys)
     # Fresh (a resume: torch makes state up for every parameter) and stepped (the test after a fit).
     for fresh, its_optimizer in trained(steps=0), trained(steps=1):
-        sharded.load_sharded_into(folder, fresh, [its_optimizer])
+        sharded_load.load_sharded_into(folder, fresh, [its_optimizer])
         assert all(torch.equal(fresh.state_dict()[k], v) for k, v in module.state_dict().items())
         assert its_optimizer.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys() == {0, 1}
         for want, got in zip(optimizer.state.values(), its_optimizer.state.values()):
@@ -76,7 +76,7 @@ def test_a_parameter_without_optimizer_state_loads_into_fresh_and_stepped_optimi
     # Another optimizer's state does not fit; a damaged shard is "incomplete or corrupt" (one line each).
     other = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
     with pytest.raises(UserError, match=r"does not fit this model or its optimizer \(Missing key .*momentum_buffer\)"):
-        sharded.load_sharded_into(folder, module, [other])
+        sharded_load.load_sharded_into(folder, module, [other])
     (folder / "__0_0.distcp").write_bytes(b"damaged")
     with pytest.raises(UserError, match=r"last.ckpt' is incomplete or corrupt and cannot be loaded \("):
         consolidate([str(folder)])
@@ -127,7 +127,7 @@ def test_an_unused_head_under_fsdp_tests_resumes_exactly_and_consolidates(tmp_pa
     assert again.returncode == 0 and "(epoch 1, step 8)" in again.stderr, said(again)
     assert from_merged.returncode == 0, said(from_merged)
     (other,) = run_dirs(straight)
-    want = sharded.load_full_checkpoint(other / "checkpoints" / "last.ckpt")
-    assert_same_training_state(sharded.load_full_checkpoint(last), want)
+    want = sharded_merge.load_full_checkpoint(other / "checkpoints" / "last.ckpt")
+    assert_same_training_state(sharded_merge.load_full_checkpoint(last), want)
     (run_from_file,) = run_dirs(from_file)
-    assert_same_training_state(sharded.load_full_checkpoint(run_from_file / "checkpoints" / "last.ckpt"), want)
+    assert_same_training_state(sharded_merge.load_full_checkpoint(run_from_file / "checkpoints" / "last.ckpt"), want)

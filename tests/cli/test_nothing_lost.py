@@ -205,7 +205,7 @@ def test_an_export_naming_anything_but_a_network_is_refused_and_runs_nothing(tmp
 def test_the_cli_reserves_the_run_directory_before_lightning_lists_the_folders(tmp_path, monkeypatch):
     """The guard of a run creates version_<n> itself (mkdir), so Lightning never picks a version by listing."""
     from project.build import ProjectCLI
-    from project.cli import RunDirectoryGuard
+    from project.run_guard import RunDirectoryGuard
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "logs" / "digits" / "version_0").mkdir(parents=True)

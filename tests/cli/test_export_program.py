@@ -23,7 +23,8 @@ from user_nets import GatedNet, SequentialClassifier
 
 from project.errors import UserError
 from project.export import load_weights, rebuild
-from project.export_program import InputRecorder, export_program, load_program
+from project.export_program import export_program, load_program
+from project.program_inputs import InputRecorder
 
 from helpers import CONFIGS, DIGITS, FAST, cli_env, read_scalars, run_cli, run_dirs, two_at_a_time
 

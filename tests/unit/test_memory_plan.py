@@ -10,7 +10,8 @@ from torch import nn
 
 from project.models.classifier import Classifier
 from project.models.digits_net import DigitsNet
-from project.plan.memory import ModelCount, OptimizerCount, count_optimizer, human, per_device, shard_degree
+from project.plan.memory import ModelCount, human, per_device, shard_degree
+from project.plan.optimizer_count import OptimizerCount, count_optimizer
 
 from helpers import DIGITS, run_cli
 

@@ -1,0 +1,51 @@
+"""Whether the training's tensors are finite, with the same verdict on every rank and at the least cost.
+
+The non-finite loss check (:mod:`project.callbacks.nonfinite`) reads these once per step or once per window:
+one host sync for tensors every rank holds alike, one all-reduce for sharded ones, one all-gather only to name
+the rank(s) a bad value came from.
+"""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from project.parallel.fsdp_sharding import sharded_finite
+from project.parallel.strategies import row_of
+
+
+def all_finite(tensors: list[Tensor]) -> bool:
+    """Whether every element of ``tensors`` is finite: whether their sum is (one host sync).
+
+    A nan or inf anywhere makes the sum nan or inf; finite values overflow its float32 only past 3e38 (the norm
+    this replaces squared them, overflowing past 1e19). Summing costs a third of the norm's time, and
+    ``math.isfinite(x.item())`` under a microsecond where ``torch.isfinite`` on one number costs 20 us.
+    """
+    if not tensors:
+        return True
+    return math.isfinite(torch.stack([tensor.sum(dtype=torch.float32) for tensor in tensors]).sum().item())
+
+
+def weights_finite(trainer: L.Trainer) -> bool:
+    """Whether the module's parameters are finite: the same verdict on every rank, since DDP keeps them equal.
+
+    Sharded (FSDP) parameters differ per rank: each checks its shard and the verdicts are all-reduced.
+    """
+    params = [param.detach() for param in trainer.lightning_module.parameters()]
+    return sharded_finite(params) if row_of(trainer.strategy).shards_parameters else all_finite(params)
+
+
+def gather_ranks(trainer: L.Trainer, tensor: Tensor) -> Tensor:
+    """``tensor`` of every rank, stacked in rank order (``[world_size, *shape]``): one all-gather."""
+    if trainer.world_size == 1:
+        return tensor.unsqueeze(0)
+    if not (dist.is_available() and dist.is_initialized()):
+        return trainer.strategy.all_gather(tensor).reshape(trainer.world_size, *tensor.shape)
+    # torch.distributed's own: Lightning's all_gather goes through a function torch 2.13 warns is deprecated.
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.stack(parts)

@@ -1,0 +1,175 @@
+"""The launchers a process may have been started by, in the order they are detected: one row each.
+
+Lightning's Trainer finds its cluster environment in this order: TorchElastic (torchrun, also inside a SLURM job),
+SLURM, LSF (jsrun), MPI (mpirun), else its own launcher. Two launchers Lightning does not detect come before SLURM
+here: a Ray Train worker (which inherits SLURM's variables when the Ray cluster runs inside a SLURM job) and a
+Kubeflow PyTorchJob pod; for them the row names the Lightning ``ClusterEnvironment`` that reads their ranks, and
+the Trainer is given it. Each ``detect`` is the rule of Lightning's ``ClusterEnvironment.detect`` for that launcher
+(``tests/unit/test_launcher_table.py`` holds them against Lightning's own), read from a mapping of environment
+variables so that a plan can be made for any environment without importing Lightning.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+TORCHRUN = "torchrun"
+LEGACY_LAUNCH = "torch.distributed.launch"
+SLURM = "slurm"
+KUBEFLOW = "kubeflow"
+RAY = "ray"
+LSF = "lsf"
+MPI = "mpi"
+#: Set by the CLI when it removed a legacy ``--local_rank`` argument (project.launch.legacy), so that child code can
+#: tell torch.distributed.launch from torchrun (both run TorchElastic's agent).
+LEGACY_FLAG_ENV = "PROJECT_LEGACY_LAUNCH"
+
+# What Ray Train sets in each worker (ray.train.torch's TorchConfig), beside the raylet's RAY_RAYLET_PID.
+_RAY_WORKER_VARS = ("RAY_RAYLET_PID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
+# What the Kubeflow training operator sets in each PyTorchJob pod (one process per pod).
+_KUBEFLOW_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+# Set in every Kubernetes pod by the kubelet.
+_KUBERNETES_VARS = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_PORT")
+# Lightning's LSFEnvironment.detect: a jsrun launch.
+_LSF_VARS = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE")
+# What mpirun sets in each process: Open MPI's names, else MPICH's / Intel MPI's (PMI).
+_MPI_NAMES = (
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+)
+
+
+def read_int(environ: Mapping[str, str], key: str) -> int | None:
+    """The leading whole number of ``environ[key]`` (SLURM writes e.g. ``2(x3)``); ``None`` when unset or empty."""
+    value = environ.get(key)
+    if value is None or value == "":
+        return None
+    match = re.match(r"^\d+", value)
+    return int(match.group(0)) if match else None
+
+
+def _nodes(world: int | None, local_world: int | None) -> int | None:
+    # An uneven placement (Ray's, MPI's) has no node count: the plan then says what differs.
+    return world // local_world if world and local_world and world % local_world == 0 else None
+
+
+def _torchelastic(env: Mapping[str, str]) -> dict[str, Any]:
+    world, local_world = read_int(env, "WORLD_SIZE"), read_int(env, "LOCAL_WORLD_SIZE")
+    return {
+        "launcher": LEGACY_LAUNCH if env.get(LEGACY_FLAG_ENV) == "1" else TORCHRUN,
+        "world_size": world,
+        "local_world_size": local_world,
+        "num_nodes": _nodes(world, local_world),
+        "rank": read_int(env, "RANK"),
+        "local_rank": read_int(env, "LOCAL_RANK"),
+        "node_rank": read_int(env, "GROUP_RANK"),
+        "max_restarts": read_int(env, "TORCHELASTIC_MAX_RESTARTS"),
+        "agent_store": env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+    }
+
+
+def _ray(env: Mapping[str, str]) -> dict[str, Any]:
+    world, local_world = read_int(env, "WORLD_SIZE"), read_int(env, "LOCAL_WORLD_SIZE")
+    return {
+        "world_size": world,
+        "local_world_size": local_world,
+        "num_nodes": _nodes(world, local_world),
+        "rank": read_int(env, "RANK"),
+        "local_rank": read_int(env, "LOCAL_RANK"),
+        "node_rank": read_int(env, "NODE_RANK"),
+    }
+
+
+def _kubeflow(env: Mapping[str, str]) -> dict[str, Any]:
+    world, rank = read_int(env, "WORLD_SIZE"), read_int(env, "RANK")
+    # One process per pod: each pod is a node.
+    return {"world_size": world, "local_world_size": 1, "num_nodes": world, "rank": rank, "local_rank": 0,
+            "node_rank": rank}  # fmt: skip
+
+
+def _slurm(env: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "world_size": read_int(env, "SLURM_NTASKS"),
+        "local_world_size": read_int(env, "SLURM_NTASKS_PER_NODE"),
+        "num_nodes": read_int(env, "SLURM_NNODES") or read_int(env, "SLURM_JOB_NUM_NODES"),
+        "rank": read_int(env, "SLURM_PROCID"),
+        "local_rank": read_int(env, "SLURM_LOCALID"),
+        "node_rank": read_int(env, "SLURM_NODEID"),
+    }
+
+
+def _lsf(env: Mapping[str, str]) -> dict[str, Any]:
+    # jsrun says nothing of the processes per node; Lightning reads the node from LSB_DJOB_RANKFILE at run time.
+    return {
+        "world_size": read_int(env, "JSM_NAMESPACE_SIZE"),
+        "rank": read_int(env, "JSM_NAMESPACE_RANK"),
+        "local_rank": read_int(env, "JSM_NAMESPACE_LOCAL_RANK"),
+    }
+
+
+def _mpi_names(env: Mapping[str, str]) -> tuple[str, str, str, str] | None:
+    return next((names for names in _MPI_NAMES if (read_int(env, names[0]) or 0) > 1), None)
+
+
+def _mpi(env: Mapping[str, str]) -> dict[str, Any]:
+    size, rank, local_rank, local_size = _mpi_names(env) or _MPI_NAMES[0]
+    world, local_world = read_int(env, size), read_int(env, local_size)
+    return {
+        "world_size": world,
+        "local_world_size": local_world,
+        "num_nodes": _nodes(world, local_world),
+        "rank": read_int(env, rank),
+        "local_rank": read_int(env, local_rank),
+    }
+
+
+def _is_slurm(env: Mapping[str, str]) -> bool:
+    # Lightning's rule: a batch job has SLURM_NTASKS; an interactive shell (srun --pty bash) is not a launcher.
+    return "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+
+
+def _is_kubeflow(env: Mapping[str, str]) -> bool:
+    # Lightning 1.x detected Kubeflow by these variables and stopped (torchrun in a pod sets them too); torchrun is
+    # detected first here, and a launcher that starts processes itself sets LOCAL_RANK, which Kubeflow's pods lack.
+    in_pod = any(key in env for key in _KUBERNETES_VARS)
+    return in_pod and all(key in env for key in _KUBEFLOW_VARS) and "LOCAL_RANK" not in env
+
+
+@dataclass(frozen=True)
+class LauncherRow:
+    """One launcher: how it is recognised, the layout it imposes, and how Lightning reads its ranks."""
+
+    name: str
+    detect: Callable[[Mapping[str, str]], bool]
+    #: The ``LaunchEnvironment`` fields it sets (``launcher`` too, where one row stands for two names).
+    read: Callable[[Mapping[str, str]], dict[str, Any]]
+    #: Lightning's ``ClusterEnvironment`` (import path) that reads its ranks, for the launchers Lightning's Trainer
+    #: does not detect by itself (``None``: Lightning finds it).
+    cluster_environment: str | None = None
+    #: A module Lightning needs to read this launcher's ranks (checked before anything starts).
+    requires: str | None = None
+
+
+#: In detection order (see the module docstring).
+LAUNCHERS: tuple[LauncherRow, ...] = (
+    LauncherRow(TORCHRUN, lambda env: "TORCHELASTIC_RUN_ID" in env, _torchelastic),
+    LauncherRow(RAY, lambda env: all(k in env for k in _RAY_WORKER_VARS), _ray,
+                "ray.train.lightning.RayLightningEnvironment"),
+    LauncherRow(KUBEFLOW, _is_kubeflow, _kubeflow, "lightning.pytorch.plugins.environments.KubeflowEnvironment"),
+    LauncherRow(SLURM, _is_slurm, _slurm),
+    LauncherRow(LSF, lambda env: all(k in env for k in _LSF_VARS), _lsf),
+    LauncherRow(MPI, lambda env: _mpi_names(env) is not None, _mpi, requires="mpi4py"),
+)  # fmt: skip
+#: The Lightning cluster environments of the launchers Lightning does not detect by itself.
+CLUSTER_ENVIRONMENTS = {row.name: row.cluster_environment for row in LAUNCHERS if row.cluster_environment}
+
+
+def detect_launcher(env: Mapping[str, str]) -> tuple[LauncherRow, dict[str, Any]] | None:
+    """The first row whose launcher started this process, and the fields it reads; ``None``: no outside launcher."""
+    for row in LAUNCHERS:
+        if row.detect(env):
+            return row, {"launcher": row.name, **row.read(env)}
+    return None

@@ -1,0 +1,103 @@
+"""The settings that do not depend on the batch, checked against the layout: the backend and the plan's notes."""
+
+from __future__ import annotations
+
+from project.errors import UserError
+from project.plan.config import BACKENDS, ParallelConfig
+from project.plan.layout import Layout
+from project.plan.precision import check_precision
+
+
+def resolve_backend(config: ParallelConfig, layout: Layout) -> str | None:
+    """The process-group backend (``None`` on one process): auto is nccl on GPUs, gloo on CPU.
+
+    Raises:
+        UserError: an unknown backend, nccl on CPU, or SyncBatchNorm on CPU; a timeout or warmup below its minimum.
+    """
+    if config.timeout_s <= 0:
+        raise UserError(f"parallel.timeout_s={config.timeout_s} must be > 0 seconds")
+    if config.warmup_steps < 0:
+        raise UserError(f"parallel.warmup_steps={config.warmup_steps} must be >= 0")
+    if config.backend not in BACKENDS:
+        raise UserError(
+            f"parallel.backend={config.backend!r} is not available here; use one of {', '.join(BACKENDS)} "
+            "(auto picks nccl on GPUs, gloo on CPU)"
+        )
+    if config.sync_batchnorm and layout.accelerator == "cpu":
+        raise UserError(
+            "parallel.sync_batchnorm=true needs GPUs (SyncBatchNorm does not run on CPU); "
+            "set it false, or use a GPU scenario"
+        )
+    if layout.world_size == 1:
+        return None
+    backend = config.backend if config.backend != "auto" else ("gloo" if layout.accelerator == "cpu" else "nccl")
+    if backend == "nccl" and layout.accelerator == "cpu":
+        raise UserError("parallel.backend='nccl' needs GPUs; use 'gloo' (or 'auto') for CPU processes")
+    return backend
+
+
+def _sharding_notes(config: ParallelConfig, layout: Layout, strategy: str, start_method: str) -> list[str]:
+    """The ``fsdp`` fields checked against the layout, and what the plan says about them.
+
+    Raises:
+        UserError: an fsdp field with another scenario, hybrid on one node, fsdp in a notebook.
+    """
+    fields = {"sharding": "full", "cpu_offload": False, "wrap_modules": None}
+    if layout.scenario != "fsdp":
+        for name, default in fields.items():
+            if getattr(config, name) != default:
+                raise UserError(
+                    f"parallel.{name}={getattr(config, name)!r} applies to scenario fsdp only, and this plan's "
+                    f"scenario is {layout.scenario!r}; drop it, or set parallel.scenario: fsdp"
+                )
+        return []
+    if config.sharding == "hybrid" and layout.num_nodes < 2:
+        raise UserError(
+            f"parallel.sharding='hybrid' shards within a node and replicates across nodes, but num_nodes="
+            f"{layout.num_nodes}; use sharding full (or grad_op) on one node, or set parallel.num_nodes > 1"
+        )
+    if strategy == "single_device":
+        return [
+            "fsdp on one process: nothing to shard, it runs on a single device and writes plain checkpoint files "
+            "(sharding, cpu_offload and wrap_modules apply from 2 processes); it resumes sharded checkpoints"
+        ]
+    if start_method == "fork":
+        raise UserError(
+            "scenario fsdp starts its processes by running the command again, which an interactive session "
+            "cannot; run it from a terminal, or use scenario fork (DDP) here"
+        )
+    what = {
+        "full": "parameters, gradients and optimizer state",
+        "grad_op": "gradients and optimizer state (parameters stay gathered from forward to backward)",
+        "hybrid": "parameters, gradients and optimizer state",
+    }[config.sharding]
+    across = (
+        f"within each node ({layout.dp_shard} processes), replicated across {layout.dp_replicate} nodes"
+        if config.sharding == "hybrid"
+        else f"over all {layout.dp_shard} processes"
+    )
+    notes = [f"fsdp {config.sharding}: {what} sharded {across}; checkpoints are sharded folders"]
+    if layout.accelerator == "cpu":
+        notes.append("fsdp on CPU processes over gloo (no GPU visible): the same FSDP2 code as on GPUs")
+        if config.cpu_offload:
+            notes.append("cpu_offload on CPU processes changes nothing: the parameters are in host memory already")
+    return notes
+
+
+def setting_notes(config: ParallelConfig, layout: Layout, strategy: str, start_method: str) -> list[str]:
+    """The notes that do not depend on the batch: buffers, precision, compile, sharding, start method."""
+    notes: list[str] = []
+    if layout.world_size > 1 and not config.broadcast_buffers:
+        notes.append("broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs")
+    precision_note = check_precision(config.precision, layout.accelerator)
+    if precision_note:
+        notes.append(precision_note)
+    if config.compile:
+        notes.append(
+            "compile: torch.compile (inductor) is applied in place to the module's networks after the strategy "
+            "wraps the model; the first training and evaluation steps include compilation"
+        )
+    notes += _sharding_notes(config, layout, strategy, start_method)
+    if strategy != "single_device" and start_method == "fork":
+        notes.append("interactive session: processes are started by fork")
+    return notes

@@ -1,0 +1,130 @@
+"""What a command's config holds beyond the model and data, for the builder (:mod:`project.build`).
+
+The run options, the trainer settings the plan owns, the run's saved ``config.yaml``, and the notes and defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+from typing import Any
+
+import lightning as L
+from jsonargparse import Namespace
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
+from lightning.pytorch.profilers import PassThroughProfiler
+
+from project.errors import UserError
+
+# Trainer settings that the plan decides when `parallel` is given.
+PLAN_OWNED_TRAINER_KEYS = (
+    "accelerator",
+    "devices",
+    "strategy",
+    "num_nodes",
+    "sync_batchnorm",
+    "accumulate_grad_batches",
+    "precision",
+)
+# Options that say how to run this command, not what to train: never saved into the run's config.yaml.
+RUN_OPTIONS = ("ckpt_path", "resume", "test_after_fit", "assume_gpus", "json")
+
+
+class NoProfiler(PassThroughProfiler):
+    """Lightning's "no profiler" without the generator context manager it opens around every hook call.
+
+    The Trainer enters ``profiler.profile(...)`` around each callback and module hook, dozens of times a
+    step; a shared ``nullcontext`` makes that nearly free when no profiler was asked for.
+    """
+
+    _NOTHING = contextlib.nullcontext()
+
+    def profile(self, action_name: str) -> contextlib.nullcontext:  # type: ignore[override]
+        """A context that does nothing."""
+        return self._NOTHING
+
+
+class SaveUserConfig(SaveConfigCallback):
+    """``config.yaml`` as the user configured the run: without the options that only say how to run it.
+
+    So ``test --config <run>/config.yaml`` (or ``validate``, ``predict``) takes a run's own config file.
+    """
+
+    def __init__(self, parser: LightningArgumentParser, config: Namespace, **kwargs: Any) -> None:
+        config = config.clone()
+        for key in RUN_OPTIONS:
+            if key in config:
+                del config[key]
+        unpin_versions(config.get("trainer") or Namespace())
+        super().__init__(parser, config, **kwargs)
+
+
+def unpin_versions(trainer: Namespace) -> None:
+    """Drop the loggers' ``version`` from a config to be saved: a run's config starts a new run, never this one.
+
+    ``--resume auto`` points the logger at the resumed run's version; saved as such, ``fit --config
+    <run>/config.yaml`` would train again inside the old run and ``test`` would overwrite its files.
+    """
+    for logger in listed(trainer.get("logger")):
+        init_args = logger.get("init_args") if isinstance(logger, Namespace) else None
+        if isinstance(init_args, Namespace) and init_args.get("version") is not None:
+            init_args.version = None
+
+
+def say_replaced_optimizer(model: L.LightningModule | None, optimizer: Any) -> None:
+    """One line, before training, when the config's ``optimizer:`` section replaces the module's own optimizers.
+
+    LightningCLI puts the section's optimizer (and ``lr_scheduler:``) in place of ``configure_optimizers``; a user
+    who started from ``configs/digits.yaml`` would otherwise train with AdamW without knowing.
+    """
+    if model is None or not isinstance(optimizer, Namespace) or not optimizer.get("class_path"):
+        return
+    if type(model).configure_optimizers is L.LightningModule.configure_optimizers:
+        return  # the module leaves its optimizer to the config, as Classifier does
+    if rank_zero_only.rank == 0:
+        sys.stderr.write(
+            f"note: the config's optimizer: section ({optimizer.class_path}) replaces "
+            f"{type(model).__name__}.configure_optimizers; to keep the module's own, drop optimizer:/lr_scheduler: "
+            "(configs/own_module.yaml has neither)\n"
+        )
+
+
+def wants_template_progress_bar(trainer_config: dict[str, Any]) -> bool:
+    """Whether the run gets the template's progress bar: not when barebones, turned off, or one is configured."""
+    if trainer_config.get("barebones") or trainer_config.get("enable_progress_bar") is False:
+        return False
+    return not any(isinstance(c, LightningProgressBar) for c in listed(trainer_config.get("callbacks")))
+
+
+def listed(value: Any) -> list[Any]:
+    """A config value that may be one item, a list of them, or nothing, as a list."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def refuse_trainer_overlap(parallel: Any, trainer: Namespace, defaults: Namespace) -> None:
+    """A plan-owned trainer setting beside the ``parallel`` section: one line naming the section's own setting.
+
+    Raises:
+        UserError: ``trainer.<key>`` differs from its default while the ``parallel`` section decides it.
+    """
+    if parallel is None:
+        return
+    # The parallel section's name for each trainer setting (devices, num_nodes, ... are the same).
+    renamed = {"accelerator": "scenario", "strategy": "scenario", "accumulate_grad_batches": "accumulation"}
+    for key in PLAN_OWNED_TRAINER_KEYS:
+        value = trainer.get(key)
+        if value != defaults.get(key):
+            setting = f"parallel.{renamed.get(key, key)}"
+            # 'ddp_find_unused_parameters_true', or DDPStrategy with find_unused_parameters=True
+            if key == "strategy" and re.search(r"find_unused_parameters\W*_?true", str(value), re.IGNORECASE):
+                setting = "`parallel.find_unused_parameters: true`"
+            raise UserError(
+                f"trainer.{key}={value!r} and the parallel section both set the layout; "
+                f"drop trainer.{key} and set {setting} instead (the parallel section decides it), "
+                "or set `parallel: null` to use plain Lightning trainer settings"
+            )
