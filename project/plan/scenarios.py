@@ -32,6 +32,8 @@ SCENARIOS: dict[str, Scenario] = {
     "ddp": Scenario("gpu", "ddp"),
     "fork": Scenario("any", "ddp_fork", forks_itself=True),
     "fsdp": Scenario("any", "fsdp"),
+    # DDP whose optimizer state is sharded over the ranks (ZeroRedundancyOptimizer): project/parallel/zero1.py.
+    "zero1": Scenario("any", "zero1"),
 }
 #: Every value ``parallel.scenario`` takes.
 SCENARIO_NAMES: tuple[str, ...] = ("auto", *SCENARIOS)

@@ -78,6 +78,14 @@ def _fsdp_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
     }
 
 
+def _zero1_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
+    return {
+        **ddp_args(config, start_method),
+        "optimizer_state": "sharded over the data-parallel ranks (ZeroRedundancyOptimizer)",
+        "checkpoint": "one file (the optimizer state consolidated on rank 0 when saving)",
+    }
+
+
 _DDP = "project.parallel.strategies:build_ddp"
 STRATEGIES: dict[str, StrategyRow] = {
     # One process: Lightning picks the single-device strategy for the accelerator and device given.
@@ -94,6 +102,15 @@ STRATEGIES: dict[str, StrategyRow] = {
         checkpoint="sharded",
         grads_are_dtensors=True,
         memory="fsdp",
+    ),
+    # ZeRO stage 1: DDP whose optimizer state is sharded over the ranks (project/parallel/zero1.py); the
+    # parameters and gradients stay replicated, so export and the finiteness check are DDP's.
+    "zero1": StrategyRow(
+        args=_zero1_args,
+        build="project.parallel.zero1:build",
+        shards_optimizer_state=True,
+        checkpoint="file",
+        memory="zero1",
     ),
 }
 
