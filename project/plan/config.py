@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, get_args, get_origin, get_type_hints
 
+from project.errors import UserError
 from project.plan.scenarios import SCENARIO_NAMES
 
 # The choices come from the scenario table, so a new scenario is a row there (jsonargparse reads the Literal).
@@ -14,7 +15,6 @@ LrScaling = Literal["none", "linear", "sqrt"]
 Launcher = Literal["auto", "ray"]
 Sharding = Literal["full", "grad_op", "hybrid"]
 Precision = Literal["32", "bf16-mixed", "16-mixed"]
-BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
 @dataclass
@@ -93,3 +93,17 @@ class Hardware:
 
     gpus: int
     assumed: bool = False
+
+
+def refuse_unknown_choices(config: ParallelConfig) -> None:
+    """Every ``Literal`` field of the section holds one of its choices (a config built in code skips the parser).
+
+    Raises:
+        UserError: naming the field, the value and the choices.
+    """
+    hints = get_type_hints(ParallelConfig)
+    for name, hint in hints.items():
+        choices = get_args(hint) if get_origin(hint) is Literal else ()
+        value = getattr(config, name)
+        if choices and value not in choices:
+            raise UserError(f"parallel.{name}={value!r} is not one of {', '.join(map(str, choices))}")

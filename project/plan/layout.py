@@ -12,7 +12,7 @@ from project.errors import UserError
 from project.plan.config import Hardware, ParallelConfig
 from project.plan.devices import DeviceRequest, cpu_processes, gpu_ids, parse_devices
 from project.plan.environment import LaunchEnvironment
-from project.plan.scenarios import SCENARIO_NAMES, SCENARIOS
+from project.plan.scenarios import SCENARIOS
 
 # Where an outside launcher's numbers come from, for messages that say what to change.
 _LAUNCHER_SOURCES = {
@@ -80,8 +80,6 @@ class Layout:
 
 def resolve_scenario(config: ParallelConfig, request: DeviceRequest, hardware: Hardware) -> str:
     """``auto`` made concrete for this machine; a GPU scenario without GPUs is refused."""
-    if config.scenario not in SCENARIO_NAMES:
-        raise UserError(f"parallel.scenario={config.scenario!r} is not one of {', '.join(SCENARIO_NAMES)}")
     if config.scenario != "auto":
         if SCENARIOS[config.scenario].devices == "gpu" and hardware.gpus == 0:
             asked = f" with devices={config.devices!r}" if config.devices is not None else ""

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from project.plan.batch import BatchRequest, batch_fields
-from project.plan.config import Hardware, ParallelConfig
+from project.plan.config import Hardware, ParallelConfig, refuse_unknown_choices
 from project.plan.environment import LaunchEnvironment, requested_launcher
 from project.plan.launch_notes import describe_launch
 from project.plan.layout import LaunchMismatchError, resolve_layout
@@ -117,6 +117,7 @@ def resolve_plan(
     Raises:
         UserError: with the bad value, the rule and the fix, for every invalid combination.
     """
+    refuse_unknown_choices(config)
     environment = requested_launcher(config.launcher, environment)
     layout = resolve_layout(config, hardware, environment)
     backend = resolve_backend(config, layout)

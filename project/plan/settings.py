@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from project.errors import UserError
-from project.plan.config import BACKENDS, ParallelConfig
+from project.plan.config import ParallelConfig
 from project.plan.layout import Layout
 from project.plan.precision import check_precision
 
@@ -18,11 +18,6 @@ def resolve_backend(config: ParallelConfig, layout: Layout) -> str | None:
         raise UserError(f"parallel.timeout_s={config.timeout_s} must be > 0 seconds")
     if config.warmup_steps < 0:
         raise UserError(f"parallel.warmup_steps={config.warmup_steps} must be >= 0")
-    if config.backend not in BACKENDS:
-        raise UserError(
-            f"parallel.backend={config.backend!r} is not available here; use one of {', '.join(BACKENDS)} "
-            "(auto picks nccl on GPUs, gloo on CPU)"
-        )
     if config.sync_batchnorm and layout.accelerator == "cpu":
         raise UserError(
             "parallel.sync_batchnorm=true needs GPUs (SyncBatchNorm does not run on CPU); "
