@@ -27,6 +27,7 @@ from torch import nn
 from project.checkpoints.atomic import atomic_write
 from project.checkpoints.loading import pickle_allowed
 from project.errors import UserError, first_line
+from project.lightning_private import drop_compiled_call
 from project.program_check import check_program_file
 from project.program_inputs import Example, leaves
 
@@ -55,7 +56,7 @@ def cpu_copy(net: nn.Module, state: Mapping[str, torch.Tensor] | None = None) ->
             memo[id(tensor)] = nn.Parameter(value, requires_grad=tensor.requires_grad) if is_param else value
     copied = copy.deepcopy(net, memo)
     for module in copied.modules():
-        module._compiled_call_impl = None  # a network compiled in place (parallel.compile) is exported eagerly
+        drop_compiled_call(module)  # a network compiled in place (parallel.compile) is exported eagerly
     return copied
 
 

@@ -23,6 +23,15 @@ Importing this module imports nothing from Lightning (``project.export`` uses it
    (``_get_next_version()``, a listing of the run name's folder). Lightning picks the version by listing, so two
    runs started at once pick the same folder; :func:`project.runs.reserve_run_directory` creates the folder
    atomically instead and gives the logger that version (there is no public setter).
+6. A callback's state key: ``Callback._generate_state_key(**kwargs)`` is how Lightning's own ``ModelCheckpoint``
+   names its state in a checkpoint; the template's checkpoint callbacks use it so that their state sits under
+   Lightning's key format (:func:`state_key`).
+7. torch, not Lightning: a learning-rate scheduler's ``_last_lr`` (what ``get_last_lr()`` returns), set again
+   after the plan scales the rates (:func:`set_last_lr`); a module compiled in place keeps its compiled call in
+   ``_compiled_call_impl`` (:func:`compiled_call`, :func:`drop_compiled_call`); a sharded checkpoint folder is
+   merged in one process with ``torch.distributed.checkpoint``'s ``_load_state_dict`` and
+   ``_EmptyStateDictLoadPlanner`` (what its public ``dcp_to_torch_save`` uses; that function reads without the
+   template's pickle policy): :func:`load_without_process_group`, :data:`EMPTY_LOAD_PLANNER`.
 """
 
 from __future__ import annotations
@@ -73,3 +82,40 @@ def unchosen_version(logger: Any) -> int | None:
 def choose_version(logger: Any, version: int) -> None:
     """Make ``logger`` use ``version`` (its ``log_dir`` becomes ``<root_dir>/version_<version>``)."""
     logger._version = version
+
+
+def state_key(callback: Any, **kwargs: Any) -> str:
+    """Lightning's state key of ``callback`` with these distinguishing arguments (as ``ModelCheckpoint`` makes it)."""
+    return str(callback._generate_state_key(**kwargs))
+
+
+def set_last_lr(scheduler: Any) -> None:
+    """Make a scheduler's ``get_last_lr()`` say its optimizer's current rates (after they were scaled)."""
+    if hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
+def compiled_call(module: Any) -> Any:
+    """The compiled forward of a module compiled in place (``nn.Module.compile``); ``None`` when it is not."""
+    return getattr(module, "_compiled_call_impl", None)
+
+
+def drop_compiled_call(module: Any) -> None:
+    """Make a module compiled in place (a copy of one) run its eager forward again."""
+    module._compiled_call_impl = None
+
+
+def load_without_process_group(state: dict[str, Any], reader: Any, planner: Any) -> None:
+    """Read a ``torch.distributed.checkpoint`` folder into ``state`` in this process alone (no process group)."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    _load_state_dict(state, storage_reader=reader, planner=planner, no_dist=True)
+
+
+def __getattr__(name: str) -> Any:
+    """``EMPTY_LOAD_PLANNER``: torch's planner that loads a checkpoint into an empty state dict (imported when used)."""
+    if name == "EMPTY_LOAD_PLANNER":
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+
+        return _EmptyStateDictLoadPlanner
+    raise AttributeError(name)

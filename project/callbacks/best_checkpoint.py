@@ -14,6 +14,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from project.lightning_private import state_key
+
 
 class BestCheckpoint(ModelCheckpoint):
     """Keep the ``save_top_k`` best checkpoints by ``monitor``, saved after validation (``ModelCheckpoint``'s rules).
@@ -50,7 +52,7 @@ class BestCheckpoint(ModelCheckpoint):
             every_n_epochs=every_n_epochs,
             save_weights_only=save_weights_only,
         )
-        self._state_key = self._generate_state_key(monitor=monitor, mode=mode, every_n_epochs=every_n_epochs)
+        self._state_key = state_key(self, monitor=monitor, mode=mode, every_n_epochs=every_n_epochs)
 
     @property
     def state_key(self) -> str:

@@ -16,6 +16,7 @@ import lightning as L
 import torch
 
 from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
+from project.lightning_private import set_last_lr
 from project.models.step_logging import log_on_logged_steps
 
 
@@ -48,8 +49,7 @@ class LearningRateCallback(L.Callback):
         for config in trainer.lr_scheduler_configs:
             scheduler = config.scheduler
             scheduler.base_lrs = [lr * factor for lr in getattr(scheduler, "base_lrs", [])]
-            if hasattr(scheduler, "_last_lr"):
-                scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+            set_last_lr(scheduler)
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer

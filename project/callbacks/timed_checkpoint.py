@@ -28,6 +28,8 @@ from weakref import proxy
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from project.lightning_private import state_key
+
 #: Checks per interval under DDP: how late a save may come when the step rate changes, as a share of ``every_s``.
 CHECKS_PER_INTERVAL = 10
 
@@ -117,7 +119,7 @@ class TimedCheckpoint(ModelCheckpoint):
         self._one_process = True
         # Lightning builds the state key around every hook of every callback, each step; ModelCheckpoint's is
         # a dict repr (about 3 us). It depends on the file only, so that changing the interval keeps the state.
-        self._state_key = self._generate_state_key(filename=filename)
+        self._state_key = state_key(self, filename=filename)
 
     @property
     def state_key(self) -> str:

@@ -33,10 +33,10 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 
+from project import lightning_private
+
 # dcp_to_torch_save's planner: the public way to read a DCP folder into one process without process group,
 # minus its unrestricted unpickling (torch has no public name for it).
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-
 from project.checkpoints.loading import ALLOW_PICKLE_ENV, load_lightning_checkpoint, pickle_allowed, safe_load
 from project.checkpoints.sharded_errors import unsafe_error
 from project.errors import UserError
@@ -134,7 +134,7 @@ class SafeLoadPlanner(_WeightsOnlyBytes, DefaultLoadPlanner):
     """DCP's default load planner (into a state dict of the right shapes) with weights-only objects."""
 
 
-class SafeEmptyPlanner(_WeightsOnlyBytes, _EmptyStateDictLoadPlanner):
+class SafeEmptyPlanner(_WeightsOnlyBytes, lightning_private.EMPTY_LOAD_PLANNER):
     """Loads whatever the checkpoint holds (full tensors, no process group), with weights-only objects."""
 
 

@@ -15,8 +15,6 @@ import torch
 
 # dcp_to_torch_save's loader: the public way to read a DCP folder into one process without process group
 # (torch has no public name for it).
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
 from project.checkpoints.loading import load_lightning_checkpoint, safe_load
 from project.checkpoints.sharded import (
     DCP_METADATA,
@@ -30,6 +28,7 @@ from project.checkpoints.sharded import (
 )
 from project.checkpoints.sharded_errors import LOAD_ERRORS, unsafe_error
 from project.errors import UserError
+from project.lightning_private import load_without_process_group
 
 
 def _by_position(optimizer_state: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +62,7 @@ def load_full_checkpoint(path: str | os.PathLike[str], weights_only: bool = Fals
     keys = [WEIGHTS] if weights_only else None
     merged: dict[str, Any] = {}
     try:
-        _load_state_dict(merged, storage_reader=SafeReader(folder), planner=SafeEmptyPlanner(keys=keys), no_dist=True)
+        load_without_process_group(merged, SafeReader(folder), SafeEmptyPlanner(keys=keys))
     except LOAD_ERRORS as error:
         raise unsafe_error(folder, error) from error
     optimizers = [merged[OPTIMIZER.format(i)] for i in range(len(merged)) if OPTIMIZER.format(i) in merged]

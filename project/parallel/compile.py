@@ -20,11 +20,12 @@ import lightning as L
 from torch import nn
 
 from project.errors import UserError
+from project.lightning_private import compiled_call
 
 
 def is_compiled(module: nn.Module) -> bool:
     """Whether ``module`` was compiled in place (:meth:`torch.nn.Module.compile`)."""
-    return getattr(module, "_compiled_call_impl", None) is not None
+    return compiled_call(module) is not None
 
 
 def networks(module: nn.Module) -> dict[str, nn.Module]:

@@ -15,7 +15,7 @@ import lightning as L
 from project import lightning_private
 from project.lightning_private import SUBPROCESS_LAUNCHER, WRAPPER_ATTRIBUTE, WRAPPER_CLASS_NAMES
 
-PROJECT = Path(__file__).resolve().parents[1] / "project"
+PROJECT = Path(__file__).resolve().parents[2] / "project"
 
 
 def test_lightnings_launcher_keeps_the_processes_it_started_in_procs_and_can_kill_them():
@@ -92,3 +92,42 @@ def test_a_hook_the_callback_instance_holds_itself_is_not_skipped():
     callback.on_train_batch_end = lambda *args: calls.append(args)  # assigned on the instance, not the class
     skip_idle_batch_hooks([callback])
     assert callable(callback.on_train_batch_end) and callback.on_train_batch_start is None
+
+
+PRIVATE_NAMES = (
+    "_generate_state_key",
+    "_last_lr",
+    "_compiled_call_impl",
+    "_load_state_dict",
+    "_EmptyStateDictLoadPlanner",
+)
+
+
+def test_the_private_torch_and_callback_names_are_used_in_lightning_private_only():
+    offenders = [
+        f"{path.relative_to(PROJECT)}: {name}"
+        for path in PROJECT.rglob("*.py")
+        if path.name != "lightning_private.py"
+        for name in PRIVATE_NAMES
+        if re.search(rf"\b{name}\b", path.read_text())
+    ]
+    assert offenders == []
+
+
+def test_the_private_torch_and_callback_names_still_exist():
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    assert lightning_private.state_key(ModelCheckpoint(), monitor="m", mode="min").startswith("ModelCheckpoint{")
+    net = torch.nn.Linear(2, 2)
+    scheduler = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(net.parameters(), lr=0.5), step_size=1)
+    scheduler.optimizer.param_groups[0]["lr"] = 0.25
+    lightning_private.set_last_lr(scheduler)
+    assert scheduler.get_last_lr() == [0.25]
+    assert lightning_private.compiled_call(net) is None
+    net.compile()
+    assert lightning_private.compiled_call(net) is not None
+    lightning_private.drop_compiled_call(net)
+    assert lightning_private.compiled_call(net) is None
+    assert lightning_private.EMPTY_LOAD_PLANNER.__name__ == "_EmptyStateDictLoadPlanner"
+    assert callable(lightning_private.load_without_process_group)
