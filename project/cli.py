@@ -35,6 +35,7 @@ from project.errors import UserError, run_reporting_user_errors
 from project.launch.legacy import strip_legacy_local_rank
 from project.launch.ray import run_on_ray, submits_to_ray
 from project.lightning_private import stop_launched_processes
+from project.parallel.collectives import in_process_group
 from project.parallel.failures import defer_to_rank_zero, error_from_worker, explain_rank_failure
 from project.plan.launchers import LEGACY_FLAG_ENV
 from project.plan_command import print_plan
@@ -207,7 +208,7 @@ def leave_process_group() -> None:
     rank still tears down its connections, that rank aborts ("terminate called without an active
     exception", exit code 134) although the run succeeded.
     """
-    if dist.is_available() and dist.is_initialized():
+    if in_process_group():
         dist.barrier()
         dist.destroy_process_group()
 

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from project.errors import RunFailure
+from project.parallel.collectives import process_group_size
 
 POINTS = ("setup", "fit_start", "train_epoch_end", "validation_epoch_end", "test_start", "fit_end")
 
@@ -30,7 +31,7 @@ def synchronize(name: str, timeout_s: float) -> float:
 
     A no-op (returns 0.0) unless torch.distributed is available, initialised and has > 1 rank.
     """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if process_group_size() == 1:
         return 0.0
     start = time.perf_counter()
     timeout = timedelta(seconds=timeout_s)

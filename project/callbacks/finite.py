@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from project.parallel.collectives import in_process_group
 from project.parallel.fsdp_sharding import sharded_finite
 from project.parallel.strategies import row_of
 
@@ -43,7 +44,7 @@ def gather_ranks(trainer: L.Trainer, tensor: Tensor) -> Tensor:
     """``tensor`` of every rank, stacked in rank order (``[world_size, *shape]``): one all-gather."""
     if trainer.world_size == 1:
         return tensor.unsqueeze(0)
-    if not (dist.is_available() and dist.is_initialized()):
+    if not in_process_group():
         return trainer.strategy.all_gather(tensor).reshape(trainer.world_size, *tensor.shape)
     # torch.distributed's own: Lightning's all_gather goes through a function torch 2.13 warns is deprecated.
     parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]

@@ -42,6 +42,7 @@ from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signatu
 from project.callbacks.prediction_format import Unsplittable, describe, prediction_csv, prediction_table
 from project.checkpoints.atomic import atomic_write_text
 from project.errors import UserError
+from project.parallel.collectives import in_process_group
 from project.parallel.samplers import EvalShardSampler
 from project.runs import run_directory
 
@@ -185,7 +186,7 @@ class PredictionsWriter(BasePredictionWriter):
             return
         local = (self._error, self._names, self._rows, self._none)
         parts = [local]
-        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+        if trainer.world_size > 1 and in_process_group():
             parts = [None] * trainer.world_size
             dist.all_gather_object(parts, local)
         # Every rank decides from the same gathered parts: all raise, return or write together.

@@ -3,7 +3,7 @@
 Under DDP every rank waits for the slowest one in the gradient all-reduce, so a step *including* the
 all-reduce takes the same time on every rank and hides who is slow. What tells them apart is the time
 before it: from the end of the previous step (so the next batch's loading is included) to the start of
-``backward`` (where the all-reduce of the last micro-batch happens). :class:`StepClock` measures that on
+``backward`` (where the all-reduce of the last micro-batch happens). :class:`IntervalTimer` measures that on
 each rank without a host sync (CUDA events on GPUs, ``perf_counter`` on CPU); :class:`StragglerCallback`
 gathers the per-rank means every ``every_n_steps`` optimizer steps (one small all-gather per window,
 none per step), logs ``ranks/step_s_max``, ``ranks/step_s_min``, ``ranks/step_s_median`` and
@@ -27,7 +27,7 @@ from project.parallel.collectives import gather_objects
 
 
 @dataclass
-class StepClock:
+class IntervalTimer:
     """Sums the time of marked intervals on this rank: host clock on CPU, CUDA events on a GPU.
 
     CUDA events are recorded in stream order and only read when a window is gathered, long after the
@@ -115,7 +115,7 @@ class StragglerCallback(L.Callback):
         self.every_n_steps = every_n_steps
         self.factor = factor
         self.patience = max(1, patience)
-        self.clock = StepClock()
+        self.clock = IntervalTimer()
         #: Every gathered window, for inspection (rank 0 and the others alike).
         self.windows: list[Window] = []
         #: Ranks already named (each is named once).
@@ -130,7 +130,7 @@ class StragglerCallback(L.Callback):
         self._active = stage == "fit" and trainer.world_size > 1
         if not self._active:
             return
-        self.clock = StepClock(cuda=trainer.strategy.root_device.type == "cuda")
+        self.clock = IntervalTimer(cuda=trainer.strategy.root_device.type == "cuda")
         place = f"{socket.gethostname()}, {trainer.strategy.root_device}"
         self._places = [str(p) for p in gather_objects(place)]
 

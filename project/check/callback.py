@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from project.callbacks.model_checks import unused_parameters_problem
-from project.callbacks.stragglers import StepClock
+from project.callbacks.stragglers import IntervalTimer
 from project.check import invariance, probes
 from project.check.report import CheckReport
 from project.errors import RunFailure, UserError
@@ -56,7 +56,7 @@ class SelfCheckCallback(L.Callback):
         self.timeout_s = timeout_s
         self.steps = steps
         self.report: CheckReport | None = None
-        self._clock = StepClock()
+        self._clock = IntervalTimer()
         self._started = 0.0
         self._looked_at_gradients = False
 
@@ -88,7 +88,7 @@ class SelfCheckCallback(L.Callback):
             report.failures.append("the training loader's ranks do not draw the global batches of one process")
         if report.failures:
             self._finish(trainer)
-        self._clock = StepClock(cuda=device.type == "cuda")
+        self._clock = IntervalTimer(cuda=device.type == "cuda")
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
         """Start timing after the warm-up steps."""

@@ -7,9 +7,14 @@ from typing import Any
 import torch.distributed as dist
 
 
+def in_process_group() -> bool:
+    """Whether this process joined a default process group (torch built with distributed support, initialised)."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def process_group_size() -> int:
     """The world size of the initialised default process group, or 1 without one."""
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return dist.get_world_size() if in_process_group() else 1
 
 
 def gather_objects(value: Any) -> list[Any]:

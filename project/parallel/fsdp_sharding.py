@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from project.parallel.collectives import in_process_group, process_group_size
 from project.parallel.fsdp_units import has_parameters, sharded_roots
 from project.plan.strategies import RESHARD_AFTER_FORWARD
 
@@ -85,7 +86,7 @@ def broadcast_from_rank0(module: nn.Module, device: torch.device) -> None:
     A tensor that is not on the process group's ``device`` (CPU weights under nccl) goes through a copy there,
     one tensor at a time, so no rank ever holds the whole model on the device.
     """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if process_group_size() == 1:
         return
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
@@ -110,6 +111,6 @@ def sharded_finite(tensors: list[torch.Tensor]) -> bool:
     local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
     norm = torch.nn.utils.get_total_norm(local, norm_type=2.0, foreach=True)
     bad = (~torch.isfinite(norm)).float().reshape(1)
-    if dist.is_available() and dist.is_initialized():
+    if in_process_group():
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     return not bool(bad.item())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from project.callbacks.stragglers import StepClock, Window
+from project.callbacks.stragglers import IntervalTimer, Window
 
 from helpers import CPU_DDP, DIGITS, FAST, read_scalars, run_cli, run_dirs
 
@@ -18,7 +18,7 @@ def test_a_window_compares_each_rank_with_the_median_of_the_others():
 
 
 def test_the_clock_sums_closed_intervals_only():
-    clock = StepClock()
+    clock = IntervalTimer()
     clock.start()
     clock.stop()
     clock.start()
