@@ -22,8 +22,9 @@ class ParallelConfig:
     """The ``parallel`` config section.
 
     Args:
-        scenario: auto | cpu | single | dp | ddp | fork (DDP whose ranks are forked from this process, on
-            the GPUs when there are some, else on CPU processes) | fsdp (fully sharded data parallel).
+        scenario: auto (every GPU, one GPU, or the CPU), or a row of the scenario table
+            (project/plan/scenarios.py; its comments say what each is, docs/parallel.md shows each as the raw
+            PyTorch it replaces): the choices are listed above.
         devices: "all", a count N, or a list of GPU ids (``[0, 1, 2]`` or ``"0,1,2"``); on CPU the
             number of processes. ``None`` means the scenario's default (all GPUs, 1 CPU process, or
             what an outside launcher such as torchrun started).
