@@ -19,7 +19,13 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from project.callbacks import LoaderGuaranteesCallback, StragglerCallback, lists_prediction_writer, template_callbacks
+from project.callbacks import (
+    LoaderGuaranteesCallback,
+    StopOnSignal,
+    StragglerCallback,
+    lists_prediction_writer,
+    template_callbacks,
+)
 from project.callbacks.dispatch import skip_idle_batch_hooks
 from project.callbacks.model_checks import refuse_manual_accumulation
 from project.check.command import add_check_arguments, check_trainer_kwargs
@@ -207,7 +213,9 @@ class ProjectCLI(LightningCLI):
         configured = listed(trainer_config.get("callbacks"))
         writer = self.command == "predict" and not lists_prediction_writer(configured)  # predictions.csv by default
         bar = wants_template_progress_bar(trainer_config)
-        own = template_callbacks(self.loaders, chosen, bar, learning_rate, self._stragglers(), writer)
+        section = settings or ParallelConfig()
+        stop = StopOnSignal(section.stop_signals, section.stop_grace_s) if self.command == "fit" else None
+        own = template_callbacks(self.loaders, chosen, bar, learning_rate, self._stragglers(), writer, stop)
         # torch.compile once the strategy has wrapped the model
         compiled = [CompileAfterWrap()] if self.plan is not None and self.plan.compile else []
         kwargs["callbacks"] = [*configured, *own, *compiled]

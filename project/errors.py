@@ -26,6 +26,18 @@ class RunFailure(RuntimeError):
     """A fault while running (a rank missing a barrier, a non-finite loss): one line, exit code 1."""
 
 
+class Preempted(RunFailure):
+    """Training was stopped by a signal at a step every rank agreed on, and that step was saved: resumable.
+
+    Its exit code, 75 (``EX_TEMPFAIL``: "try again later"), tells a scheduler or a restart loop apart from a
+    failure (1) and a mistake (2); ``fit --resume auto`` continues from the saved step.
+    """
+
+    exit_code = 75
+    #: Every rank stops alike: rank 0 says it, the others end with the same code quietly.
+    said_by_rank_zero = True
+
+
 class RankFailure(RunFailure):
     """Another rank died, hung or failed: named in one line (:func:`project.parallel.failures.explain_rank_failure`)."""
 
@@ -49,6 +61,8 @@ def exit_with(error: BaseException, code: int = USAGE_EXIT_CODE) -> NoReturn:
     message = " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
     rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
     prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
+    if prefix and getattr(error, "said_by_rank_zero", False):
+        raise SystemExit(code)
     if prefix:
         for hook in BEFORE_RANK_REPORT:
             hook()
@@ -64,4 +78,4 @@ def run_reporting_user_errors(fn: Callable[[], T]) -> T:
     except UserError as error:
         exit_with(error)
     except RunFailure as error:
-        exit_with(error, code=1)
+        exit_with(error, code=getattr(error, "exit_code", 1))

@@ -26,6 +26,10 @@ Importing this module imports nothing from Lightning (``project.export`` uses it
 6. A callback's state key: ``Callback._generate_state_key(**kwargs)`` is how Lightning's own ``ModelCheckpoint``
    names its state in a checkpoint; the template's checkpoint callbacks use it so that their state sits under
    Lightning's key format (:func:`state_key`).
+8. Lightning's per-step SIGTERM check: before every training step of a multi-process fit its training loop
+   broadcasts rank 0's "SIGTERM received" flag (``_broadcast_sigterm_tensor``: a collective and a host sync per
+   step). The template agrees on a stop without it (:mod:`project.callbacks.preemption`), so
+   :func:`skip_sigterm_broadcast` replaces that method on the run's loop with one that does nothing.
 7. torch, not Lightning: a learning-rate scheduler's ``_last_lr`` (what ``get_last_lr()`` returns), set again
    after the plan scales the rates (:func:`set_last_lr`); a module compiled in place keeps its compiled call in
    ``_compiled_call_impl`` (:func:`compiled_call`, :func:`drop_compiled_call`); a sharded checkpoint folder is
@@ -119,3 +123,10 @@ def __getattr__(name: str) -> Any:
 
         return _EmptyStateDictLoadPlanner
     raise AttributeError(name)
+
+
+def skip_sigterm_broadcast(trainer: Any) -> None:
+    """Stop the training loop's per-step broadcast of Lightning's SIGTERM flag (the template agrees without it)."""
+    loop = trainer.fit_loop.epoch_loop
+    if hasattr(loop, "_broadcast_sigterm_tensor"):
+        loop._broadcast_sigterm_tensor = lambda: None

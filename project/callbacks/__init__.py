@@ -23,6 +23,7 @@ from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.callbacks.model_checks import UnusedParametersCheck
 from project.callbacks.nonfinite import NonFiniteLossCallback
 from project.callbacks.predictions import PredictionsWriter, lists_prediction_writer
+from project.callbacks.preemption import StopOnSignal
 from project.callbacks.progress import ProgressBar
 from project.callbacks.rng import RandomStateCallback
 from project.callbacks.run_record import RunRecordCallback
@@ -41,6 +42,7 @@ __all__ = [
     "ProgressBar",
     "RandomStateCallback",
     "RunRecordCallback",
+    "StopOnSignal",
     "StragglerCallback",
     "TimedCheckpoint",
     "UnusedParametersCheck",
@@ -57,6 +59,7 @@ def template_callbacks(
     learning_rate: bool = False,
     stragglers: StragglerCallback | None = None,
     predictions: bool = False,
+    stop: StopOnSignal | None = None,
 ) -> list[Callback]:
     """The callbacks every run gets, in the order they must run (the loaders before the record of them).
 
@@ -67,6 +70,7 @@ def template_callbacks(
         learning_rate: Add :class:`LearningRateCallback` (the plan scales or warms up the learning rate).
         stragglers: Straggler detection, configured by the ``parallel`` section (``None``: off).
         predictions: Add :class:`PredictionsWriter` (``predict``, when the config lists no prediction writer).
+        stop: The stop on a signal (``fit``): every rank stops at the same step and saves it.
     """
     own: list[Callback] = [loaders] if loaders is not None else []
     if learning_rate and loaders is not None:
@@ -75,4 +79,5 @@ def template_callbacks(
     own.append(UnusedParametersCheck())  # DDP: parameters that got no gradient, named before the first step
     own += [stragglers] if stragglers is not None else []
     own += [PredictionsWriter()] if predictions else []
+    own += [stop] if stop is not None else []
     return [*own, ProgressBar()] if progress_bar else own

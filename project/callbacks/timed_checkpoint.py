@@ -160,7 +160,11 @@ class TimedCheckpoint(ModelCheckpoint):
         if save:
             self._save(trainer)
 
-    def _save(self, trainer: L.Trainer) -> None:
+    def save_now(self, trainer: L.Trainer) -> str:
+        """Save the current step now (every rank, at the same step: a save is collective); returns the file."""
+        return self._save(trainer)
+
+    def _save(self, trainer: L.Trainer) -> str:
         filepath = self.format_checkpoint_name({"epoch": trainer.current_epoch, "step": trainer.global_step})
         # As ModelCheckpoint does: the path is set first, since it is part of the state being saved.
         previous, self.best_model_path = self.best_model_path, filepath
@@ -170,3 +174,4 @@ class TimedCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
+        return filepath

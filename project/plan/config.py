@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args, get_origin, get_type_hints
 
 from project.errors import UserError
@@ -61,6 +61,10 @@ class ParallelConfig:
         straggler_factor: How many times the median step time a rank must take to be named a straggler.
         cpu_threads: Intra-op threads of each CPU process; ``None``: the cores shared evenly among the
             processes of the node (``OMP_NUM_THREADS``, when set, stands).
+        stop_signals: The signals that stop a fit at the same step on every rank, save that step and exit with
+            code 75 (preempted, resumable), whichever rank gets them first (docs/reliability.md).
+        stop_grace_s: Seconds from the first signal within which the process ends, saved or not (SLURM kills
+            after its KillWait, 30 s by default).
     """
 
     scenario: Scenario = "auto"
@@ -86,6 +90,8 @@ class ParallelConfig:
     straggler_every_n_steps: int = 50
     straggler_factor: float = 1.5
     cpu_threads: int | None = None
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"])
+    stop_grace_s: float = 20.0
 
 
 @dataclass(frozen=True)

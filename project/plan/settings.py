@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 from project.errors import UserError
 from project.plan.config import ParallelConfig
 from project.plan.layout import Layout
@@ -18,6 +20,7 @@ def resolve_backend(config: ParallelConfig, layout: Layout) -> str | None:
         raise UserError(f"parallel.timeout_s={config.timeout_s} must be > 0 seconds")
     if config.warmup_steps < 0:
         raise UserError(f"parallel.warmup_steps={config.warmup_steps} must be >= 0")
+    check_stop_settings(config)
     if config.sync_batchnorm and layout.accelerator == "cpu":
         raise UserError(
             "parallel.sync_batchnorm=true needs GPUs (SyncBatchNorm does not run on CPU); "
@@ -96,3 +99,20 @@ def setting_notes(config: ParallelConfig, layout: Layout, strategy: str, start_m
     if strategy != "single_device" and start_method == "fork":
         notes.append("interactive session: processes are started by fork")
     return notes
+
+
+def check_stop_settings(config: ParallelConfig) -> None:
+    """``stop_signals`` name signals a handler can catch, and ``stop_grace_s`` is a positive time.
+
+    Raises:
+        UserError: naming the bad value and the signals that may be listed.
+    """
+    catchable = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGXCPU")
+    for name in config.stop_signals:
+        if name not in catchable or not hasattr(signal, name):
+            raise UserError(
+                f"parallel.stop_signals lists {name!r}, which a fit cannot stop on; list signals among "
+                f"{', '.join(catchable)} (SIGKILL and SIGSTOP cannot be caught)"
+            )
+    if not config.stop_grace_s > 0:
+        raise UserError(f"parallel.stop_grace_s={config.stop_grace_s} must be > 0 seconds")

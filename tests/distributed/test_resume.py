@@ -258,3 +258,33 @@ def test_a_resume_that_changes_the_global_batch_is_refused_in_one_line(tmp_path,
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert "global batches of 64 samples" in line and "would be 32" in line and "global_batch_size 64" in line
     assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / RUN).rglob("*") if p.is_file()) == before
+
+
+# ------------------------------------------------------------------------ preemption: a signal, not a kill
+def test_sigterm_saves_the_step_it_stops_at_and_resume_auto_is_bit_exact_on_one_process(tmp_path, uninterrupted_one):
+    stopped = run_cli([*ONE, callback("preempt_faults.SignalAtStep", step=15, rank=0)], tmp_path)
+    assert stopped.returncode == 75, stopped.stderr
+    assert f"error: stopped by SIGTERM to rank 0 at step 15: {RUN}/checkpoints/last.ckpt holds that step" in (
+        stopped.stderr
+    )
+    assert checkpoint(tmp_path)["global_step"] == 15  # the step it stopped at, not the save of step 10
+    resumed = run_cli([*ONE, "--resume", "auto"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert train_loss(tmp_path) == train_loss(uninterrupted_one)
+    assert_same_weights(checkpoint(tmp_path), checkpoint(uninterrupted_one))
+
+
+@pytest.mark.distributed
+def test_sigusr1_to_one_rank_stops_both_at_one_saved_step_and_resume_matches(tmp_path, uninterrupted_two):
+    record = tmp_path / "record"
+    record.mkdir()
+    signal_rank_1 = callback("preempt_faults.SignalAtStep", step=12, rank=1, signal_name="SIGUSR1", record=str(record))
+    stopped = run_cli([*TWO, signal_rank_1], tmp_path)
+    assert stopped.returncode == 75, stopped.stderr
+    last = {json.loads(path.read_text())["last_step"] for path in record.glob("rank*.json")}
+    assert len(last) == 1 and 12 <= next(iter(last)) <= 14  # one step for both, at most 2 after the signal
+    assert checkpoint(tmp_path)["global_step"] == next(iter(last))
+    assert stopped.stderr.count("error: stopped by SIGUSR1 to rank 1") == 1  # rank 0 says it once
+    resumed = run_cli([*TWO, "--resume", "auto"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_weights(checkpoint(tmp_path), checkpoint(uninterrupted_two), atol=1e-6)

@@ -1,0 +1,109 @@
+"""Test-only signals for real runs of the CLI: ``--trainer.callbacks+=preempt_faults.SignalAtStep``.
+
+What a scheduler does, at a known step: SIGTERM (or SIGUSR1, SIGINT) to one rank, to the last, or to every rank.
+Each process records the steps it saw and its pid, so a test can check where it stopped and that it is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import lightning as L
+import torch.distributed as dist
+
+from project.lightning_private import launched_processes
+
+
+class SignalAtStep(L.Callback):
+    """After optimizer step ``step``, rank ``rank`` sends ``signal_name`` to ``to`` ("self", "all" or a rank).
+
+    Args:
+        step: The optimizer step after which the signal is sent.
+        rank: The rank that sends it (-1: the last rank).
+        signal_name: e.g. SIGTERM, SIGUSR1, SIGINT.
+        to: "self"; "all" (rank 0 signals every rank of its node, itself last); or a global rank (rank 0 of one
+            node only signals its own children).
+        record: Folder where each rank writes ``rank<r>.json``: its pid, the step it signalled at, the last step.
+    """
+
+    def __init__(
+        self, step: int, rank: int = 0, signal_name: str = "SIGTERM", to: str = "self", record: str = ""
+    ) -> None:
+        self.step, self.rank, self.signal_name, self.to, self.record = step, rank, signal_name, to, record
+        self._seen = -1
+        self._signalled: int | None = None
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        """Send the signal once, right after the chosen step; note the last step reached."""
+        step = trainer.global_step
+        if step == self._seen:
+            return
+        self._seen = step
+        rank = self.rank if self.rank >= 0 else trainer.world_size - 1
+        if step == self.step and trainer.global_rank == rank and self._signalled is None:
+            self._signalled = step
+            signum = signal.Signals[self.signal_name]
+            if self.to == "self":
+                os.kill(os.getpid(), signum)
+            elif self.to == "all":
+                for process in launched_processes(trainer.strategy):
+                    os.kill(process.pid, signum)
+                os.kill(os.getpid(), signum)
+            else:
+                target = [p for local, p in enumerate(launched_processes(trainer.strategy), 1) if local == int(self.to)]
+                os.kill(target[0].pid, signum)
+        self._write(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """Record the last step on the way out too."""
+        self._write(trainer)
+
+    def _write(self, trainer: L.Trainer) -> None:
+        if not self.record:
+            return
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        data = {"pid": os.getpid(), "signalled_at": self._signalled, "last_step": trainer.global_step}
+        Path(self.record, f"rank{rank}.json").write_text(json.dumps(data))
+
+
+class CountCollectives(L.Callback):
+    """Count the Python-level collectives each optimizer step runs on this rank, into ``record/collectives<r>.json``.
+
+    DDP's gradient all-reduce runs inside its C++ reducer and is not counted: what is counted is what the
+    template or Lightning add around a step (a broadcast of a flag, a barrier, an object gather).
+    """
+
+    NAMES = ("broadcast", "all_reduce", "barrier", "all_gather", "all_gather_object", "broadcast_object_list")
+
+    def __init__(self, record: str) -> None:
+        self.record = record
+        self.counts: dict[int, int] = {}
+        self._step = 0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Wrap the collectives of torch.distributed (looked up at call time by Lightning and the template)."""
+        for name in self.NAMES:
+            original = getattr(dist, name)
+
+            def counted(*args, _original=original, **kwargs):
+                self.counts[self._step] = self.counts.get(self._step, 0) + 1
+                return _original(*args, **kwargs)
+
+            setattr(dist, name, counted)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        """Collectives from here on belong to the next step."""
+        self._step = trainer.global_step + 1
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """Write the counts (the run ends by the stop)."""
+        self.teardown(trainer, pl_module, "fit")
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Write the counts."""
+        Path(self.record, f"collectives{trainer.global_rank}.json").write_text(json.dumps(self.counts))
