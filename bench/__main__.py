@@ -27,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--startup", action="store_true", help="only start-up: 1, 2, 4 processes to the first step, and the commands"
     )
+    parser.add_argument(
+        "--processes",
+        type=lambda text: {int(n) for n in text.split(",")},
+        default=None,
+        help="only the rows of these process counts, e.g. 2,4 (the DDP rows); results go to results/processes-2-4/",
+    )
     parser.add_argument("--out", type=Path, default=None, help="where results.md and results.png go")
     parser.add_argument("--work", type=Path, default=None, help="scratch directory: data, runs, results.json")
     parser.add_argument("--render", type=Path, default=None, help="only write the table and plot of a results.json")
@@ -34,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = "quick" if args.quick else "startup" if args.startup else "full"
     # Absolute: every run starts in its own directory. A start-up run never replaces the full run's results.
     default_out = {"quick": RESULTS / "tmp" / "quick", "startup": RESULTS / "startup", "full": RESULTS}[mode]
+    if args.processes and mode == "full":  # a subset never replaces the full run's results
+        default_out = RESULTS / ("processes-" + "-".join(map(str, sorted(args.processes))))
     out = (args.out or default_out).resolve()
     work = (args.work or RESULTS / "tmp" / mode).resolve()
     repeats = args.repeats or (1 if args.quick else 3)
@@ -47,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu_note = f"skipped: {gpu_note}"
         print(f"bench ({mode}): {repeats} repeat(s); GPU row: {gpu_note}", flush=True)
         found = rows(args.quick, has_gpu and not args.startup, args.ablate, args.startup)
+        found = [row for row in found if not args.processes or row.processes in args.processes]
         results = run_all(found, repeats, work, args.threads, args.quick, log=lambda line: print(line, flush=True))
         info = machine()
         (work / "results.json").write_text(to_json(results, info, gpu_note) + "\n")

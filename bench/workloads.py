@@ -210,7 +210,9 @@ def rows(quick: bool, gpu: bool, ablate: bool = False, startup: bool = False) ->
 #: The throughput targets, per row key: the template's steps/s over each named way's, at least.
 TARGETS: dict[str, dict[str, float]] = {
     "small-cpu-1": {"floor": 0.95, "plain": 1.1},
-    "small-cpu-2": {"floor": 0.95, "plain": 1.1},
+    # Several processes: the floor keeps Lightning's per-step SIGTERM broadcast, which the template's stop replaces.
+    "small-cpu-2": {"floor": 1.1, "plain": 1.1},
+    "small-cpu-4": {"floor": 1.1},
     "mid-cpu-1": {"floor": 0.95, "raw": 0.95},
 }
 #: Time to the first step may exceed the raw script's by at most this many seconds.
