@@ -9,6 +9,8 @@ from typing import NoReturn, TypeVar
 
 T = TypeVar("T")
 
+#: Where a launcher puts this process's rank (Lightning's own list): torchrun and Lightning, SLURM's srun, LSF's jsrun.
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "LOCAL_RANK")
 #: Exit code for bad input, the same that argparse/jsonargparse use for a bad command line.
 USAGE_EXIT_CODE = 2
 
@@ -59,7 +61,7 @@ def exit_with(error: BaseException, code: int = USAGE_EXIT_CODE) -> NoReturn:
         raise error
     # One line: the message's lines folded together (PROJECT_DEBUG=1 shows the traceback instead).
     message = " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
-    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
+    rank = next((os.environ[key] for key in RANK_VARIABLES if os.environ.get(key)), None)
     prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
     if prefix and getattr(error, "said_by_rank_zero", False):
         raise SystemExit(code)

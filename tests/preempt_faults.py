@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 
 import lightning as L
@@ -107,3 +108,21 @@ class CountCollectives(L.Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Write the counts."""
         Path(self.record, f"collectives{trainer.global_rank}.json").write_text(json.dumps(self.counts))
+
+
+class StepFile(L.Callback):
+    """Rank 0 writes its last optimizer step to ``path`` after each step, and each step lasts at least ``delay_s``.
+
+    What a test outside the job (a scheduler's signal) needs: to see how far training got, with time to act.
+    """
+
+    def __init__(self, path: str, delay_s: float = 0.0) -> None:
+        self.path, self.delay_s = path, delay_s
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        """Note the step; hold the step for ``delay_s`` (a slower model)."""
+        if trainer.is_global_zero:
+            Path(self.path).write_text(f"{trainer.global_step}\n")
+        threading.Event().wait(self.delay_s)

@@ -132,3 +132,74 @@ def test_sbatch_script_runs_two_tasks_with_srun(slurm, tmp_path):
     assert plan["runtime"]["cluster_environment"] == "SLURMEnvironment", plan["runtime"]
     assert plan["runtime"]["world_size"] == 2
     assert "test/acc" in read_scalars(run)
+
+
+def _sbatch(slurm: dict[str, str], cwd: Path, fit: list[str], *options: str) -> subprocess.CompletedProcess[str]:
+    options = ("--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gres=none", *options)
+    env = cli_env({**slurm, "PYTHON": sys.executable})
+    return subprocess.run(
+        ["sbatch", *options, str(SBATCH), *fit], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def _until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s:g} s"
+        time.sleep(0.2)
+
+
+def test_a_job_signalled_by_slurm_saves_requeues_itself_and_ends_at_the_uninterrupted_weights(slurm, tmp_path):
+    """`scancel --signal=USR1` (what `--signal=USR1@90` sends before the time limit): the tasks stop at one step,
+    save it and exit 75; the script requeues the job, which resumes and ends where an uninterrupted job ends."""
+    import torch
+
+    fit = ["--config", CPU_DDP, "--config", FAST, "--trainer.max_steps", "30", "--trainer.limit_val_batches", "2"]
+    fit += ["--trainer.max_epochs", "4", "--test_after_fit", "false"]
+    straight, signalled = tmp_path / "straight", tmp_path / "signalled"
+    for cwd in (straight, signalled):
+        cwd.mkdir()
+        (cwd / "configs").symlink_to(REPO / "configs")
+    done = _sbatch(slurm, straight, fit, "--wait", f"--output={straight}/slurm-%j.out")
+    assert done.returncode == 0, done.stdout + done.stderr
+    steps = signalled / "step.txt"
+    slow = {"class_path": "preempt_faults.StepFile", "init_args": {"path": str(steps), "delay_s": 0.2}}
+    submitted = _sbatch(
+        slurm,
+        signalled,
+        [*fit, "--trainer.callbacks+=" + __import__("json").dumps(slow)],
+        "--parsable",
+        "--export=ALL,REQUEUE_ON_PREEMPT=1",
+        f"--output={signalled}/slurm-%j.out",
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    _until(lambda: steps.exists() and int(steps.read_text() or 0) >= 8, 120, "training reached step 8")
+    subprocess.run(["scancel", "--signal=USR1", job], env={**os.environ, **slurm}, check=True, timeout=30)
+    queued = {**os.environ, **slurm}
+
+    def finished() -> bool:
+        state = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-o", "%T", "-j", job], env=queued, capture_output=True, text=True
+        )
+        return state.stdout.strip() in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "")
+
+    signalled_at = time.monotonic()
+
+    def pending() -> bool:
+        state = subprocess.run(["squeue", "-h", "-o", "%T", "-j", job], env=queued, capture_output=True, text=True)
+        return "PENDING" in state.stdout
+
+    # Requeued, the job waits SLURM's requeue delay (its begin time, about two minutes here): start it now instead.
+    _until(pending, 120, "the job was requeued")
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=queued, check=True, timeout=30)
+    _until(finished, 240, "the requeued job finished")
+    print(f"requeued job finished {time.monotonic() - signalled_at:.1f} s after the signal")
+    log = next(signalled.glob("slurm-*.out")).read_text()
+    assert log.count("error: stopped by SIGUSR1") == 1 and "Resuming from" in log, log[-5000:]
+    last = signalled / "logs/digits/version_0/checkpoints/last.ckpt"
+    want = torch.load(straight / "logs/digits/version_0/checkpoints/last.ckpt", weights_only=True)
+    got = torch.load(last, weights_only=True)
+    assert got["global_step"] == want["global_step"] == 30
+    for key, value in want["state_dict"].items():
+        torch.testing.assert_close(got["state_dict"][key], value, atol=1e-6, rtol=0.0, msg=key)
