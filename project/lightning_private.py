@@ -1,7 +1,7 @@
 """Every use of a private Lightning name, in one place, with the public API that is missing.
 
 Importing this module imports nothing from Lightning (``project.export`` uses it in plain processes);
-``tests/test_lightning_private.py`` fails loudly when a Lightning upgrade moves any of these.
+``tests/unit/test_lightning_private.py`` fails loudly when a Lightning upgrade moves any of these.
 
 1. The processes Lightning's launcher started. ``trainer.strategy.launcher`` is public, but the
    processes it started for ranks 1..N-1 are ``_SubprocessScriptLauncher.procs`` (no public accessor).

@@ -1,5 +1,5 @@
 """Every way the seed's users launch: Lightning's launcher, torchrun, torch.distributed.launch, several nodes, SLURM,
-Kubeflow (Ray: tests/test_ray.py, a real SLURM cluster: tests/test_slurm.py).
+Kubeflow (Ray: tests/slow/test_ray.py, a real SLURM cluster: tests/distributed/test_slurm.py).
 
 Each test starts real processes (CPU, gloo) the way a user would and reads the ``plan.json`` of the
 run: the layout it took from the launcher and what Lightning itself detected.

@@ -270,6 +270,8 @@ def test_sigterm_saves_the_step_it_stops_at_and_resume_auto_is_bit_exact_on_one_
     assert checkpoint(tmp_path)["global_step"] == 15  # the step it stopped at, not the save of step 10
     resumed = run_cli([*ONE, "--resume", "auto"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
+    logged = [step for step, _ in read_scalars(tmp_path / RUN)["train/loss"]]
+    assert len(logged) == len(set(logged))  # the curve continues: no step logged twice
     assert train_loss(tmp_path) == train_loss(uninterrupted_one)
     assert_same_weights(checkpoint(tmp_path), checkpoint(uninterrupted_one))
 

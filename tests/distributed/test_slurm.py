@@ -2,7 +2,7 @@
 
 The cluster is Debian's slurm-wlm (slurmctld + slurmd, authenticated by its own munged), configured in a temporary
 folder on free ports, and stopped at the end. Skipped, with the reason, where SLURM is not installed or cannot
-start; tests/test_launchers.py checks SLURM's variables without a cluster.
+start; tests/distributed/test_launchers.py checks SLURM's variables without a cluster.
 """
 
 from __future__ import annotations
