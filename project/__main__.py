@@ -3,8 +3,11 @@
 import sys
 
 from project.commands import answer_without_training_imports
+from project.launch.orphans import die_with_launcher
 
 if __name__ == "__main__":
+    # A rank torchrun or Lightning's launcher started ends when its launcher dies (standard library only, first).
+    die_with_launcher()
     answer_without_training_imports(sys.argv[1:])  # --help and unknown commands: no Lightning import
     from project.cli import main
     from project.launch.early import ranks_started_at_once

@@ -40,6 +40,7 @@ from project.parallel.failures import defer_to_rank_zero, error_from_worker, exp
 from project.plan.launchers import LEGACY_FLAG_ENV
 from project.plan_command import print_plan
 from project.run_guard import RunDirectoryGuard
+from project.run_lock import TrainingLock
 from project.runs import run_directory
 
 
@@ -163,6 +164,8 @@ def run_command(command: str, cli: ProjectCLI) -> None:
     ckpt_path = cli.chosen.path if cli.chosen is not None else None
     start_step = int((cli.chosen.checkpoint or {}).get("global_step", 0)) if cli.chosen is not None else 0
     guard = RunDirectoryGuard.of(trainer, continuing=command == "fit" and cli.chosen is not None)
+    # One training per run directory: a second fit there is refused, in one line naming the one training there.
+    lock = TrainingLock.take(guard.run_dir, hold=command == "fit" and trainer.is_global_zero)
     try:
         if command == "check":
             trainer.fit(model, datamodule=data)
@@ -192,6 +195,8 @@ def run_command(command: str, cli: ProjectCLI) -> None:
         if failure is not None:
             raise failure from error
         raise
+    finally:
+        lock.release()
 
 
 def say_where_the_run_went(trainer: L.Trainer) -> None:

@@ -16,7 +16,6 @@ the imports is safe because nothing has run yet: no thread pool of torch's, no C
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -27,6 +26,7 @@ from typing import Any
 
 from project import errors
 from project.launch.child import PARENT_ENV, wait_for_rank_zero
+from project.launch.orphans import die_with_parent
 from project.launch.preparse import processes_to_start
 from project.launch.ranks import (
     ForkedRank,
@@ -37,7 +37,6 @@ from project.launch.ranks import (
     stop_started_ranks,
 )
 
-_PR_SET_PDEATHSIG = 1
 #: What the watcher's line says to do once the cause of a dead rank is fixed, by command.
 _THEN = {"fit": "then resume with `fit --ckpt_path last`", "check": "then run check again"}
 
@@ -133,10 +132,7 @@ def _become_rank(local_rank: int, parent: int, environment: dict[str, str], keep
     # Lightning set this from the environment when rank 0 imported it; this rank's own import would read LOCAL_RANK.
     rank_zero_only.rank = local_rank
     # Die with rank 0 (killed, or crashed) instead of waiting at a collective until the timeout.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    if os.getppid() != parent:  # rank 0 ended before the signal was set up
-        os._exit(1)
+    die_with_parent(parent)
 
 
 def _forward_sigterm(signum: int, frame: Any) -> None:

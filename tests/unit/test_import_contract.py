@@ -21,7 +21,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("project.errors", "project.config_errors", "project.data", "project.dotted"),
     ("project.plan",),
     ("project.launch", "project.commands"),
-    ("project.lightning_private", "project.runs", "project.run_guard"),
+    ("project.lightning_private", "project.runs", "project.run_guard", "project.run_lock"),
     ("project.checkpoints",),
     ("project.parallel",),
     (

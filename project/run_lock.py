@@ -1,0 +1,153 @@
+"""One training per run directory: ``<run>/.training.lock``, held by rank 0 for the whole ``fit``.
+
+A second training in a run directory that is training (a requeued ``fit --resume auto`` while the old workers still
+live, a second ``--resume auto``, ``fit --ckpt_path last``) would write the same ``last.ckpt``, events and
+``export/`` as the first. Rank 0 (of node 0) locks the file before training starts and keeps it locked to the end
+of the command; a second ``fit`` finds it locked and is refused in one line naming the holder (the file holds its
+pid and host), before it writes anything.
+
+The lock is a POSIX record lock (``fcntl.lockf``): the kernel drops it when its process dies, however it dies, so a
+file left by a killed run blocks nothing (the next run takes it over); it is not inherited by forked processes
+(DataLoader workers, the early launcher's ranks), which therefore cannot hold it after rank 0 is gone; and NFS
+supports it across hosts. A file system without locks (``ENOLCK``, ``EINVAL``: some Lustre mounts) trains without
+one. The holder removes the file when it ends.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from project.errors import UserError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no POSIX locks; nothing is locked
+    fcntl = None  # type: ignore[assignment]
+
+#: The lock file, in the run directory (``logs/<name>/version_<n>``).
+LOCK_NAME = ".training.lock"
+#: Seconds a refused run waits for the holder's pid to appear in a file it has just locked.
+_READ_WAIT_S = 2.0
+# What lockf raises when another process holds the lock.
+_HELD = (errno.EACCES, errno.EAGAIN)
+
+
+@dataclass
+class TrainingLock:
+    """The run directory's lock, held by this process (or nothing held: ``fd`` is ``None``)."""
+
+    path: Path | None = None
+    fd: int | None = None
+    #: The run directory's (atime, mtime) before the lock file was made, and its mtime right after.
+    before: tuple[int, int] | None = None
+    mtime_after: int | None = None
+
+    @classmethod
+    def take(cls, run_dir: Path | str | None, hold: bool = True) -> TrainingLock:
+        """Lock ``run_dir`` for a training (when ``hold``: rank 0 of a ``fit``); one line when another holds it.
+
+        Raises:
+            UserError: another process is training in ``run_dir``: its pid, its host and what to do.
+        """
+        if not hold or run_dir is None or fcntl is None or not Path(run_dir).is_dir():
+            return cls()
+        path = Path(run_dir) / LOCK_NAME
+        before = _times(path.parent)
+        for _ in range(10):  # the holder may remove the file between our open and our lock: open the new one
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:  # a read-only folder: the training fails on its own, and says why
+                return cls()
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                holder = _read_holder(fd) if error.errno in _HELD else None
+                os.close(fd)
+                if error.errno in _HELD:
+                    raise UserError(_refusal(Path(run_dir), holder)) from None
+                return cls()  # no locks on this file system
+            if _same_file(fd, path):
+                break
+            os.close(fd)  # we locked a removed file; the next open finds the current one
+        else:
+            return cls()
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        return cls(path, fd, before, _times(path.parent)[1])
+
+    def release(self) -> None:
+        """Remove the lock file and unlock (idempotent). A directory nothing else changed gets its times back."""
+        if self.fd is None or self.path is None:
+            return
+        fd, self.fd = self.fd, None
+        try:
+            unchanged = self.before is not None and _times(self.path.parent)[1] == self.mtime_after
+            self.path.unlink()  # removed while locked: nobody locks this file again once we let go
+            if unchanged and self.before is not None:
+                os.utime(self.path.parent, ns=self.before)
+        except OSError:
+            pass  # already removed (a run refused before training is undone, lock file included)
+        finally:
+            os.close(fd)
+
+
+def holder_of(run_dir: Path | str) -> dict | None:
+    """What the lock file of ``run_dir`` says about its holder, if any (it may be stale: see :class:`TrainingLock`)."""
+    try:
+        text = (Path(run_dir) / LOCK_NAME).read_text()
+        return json.loads(text) if text.strip() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _refusal(run_dir: Path, holder: dict | None) -> str:
+    if holder is None:
+        who, stop = "another process (it names no pid yet)", "stop it"
+    else:
+        pid, host = holder.get("pid", "?"), holder.get("host", "?")
+        who = f"pid {pid} on host {host}, since {holder.get('since', '?')}"
+        stop = f"stop it (`kill {pid}` on {host}: it saves and stops)"
+    return (
+        f"{run_dir} is training already ({who}); a second training there would overwrite its checkpoints and "
+        f"events: wait for it to end, or {stop}, then run this command again"
+    )
+
+
+def _read_holder(fd: int) -> dict | None:
+    """The holder's record; it writes it right after locking, so an empty file is read again for a moment."""
+    deadline = time.monotonic() + _READ_WAIT_S
+    while True:
+        try:
+            record = json.loads(os.pread(fd, 4096, 0).decode())
+            if isinstance(record, dict):
+                return record
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        mine, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _times(folder: Path) -> tuple[int, int]:
+    stat = folder.stat()
+    return stat.st_atime_ns, stat.st_mtime_ns
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
