@@ -31,7 +31,7 @@ CHECK_PYTHON := import sys; sys.exit(sys.version_info[:2] != (3, 11) and \
   "$(VENV) is not CPython 3.11, which the locks in requirements/ are for: make PYTHON=python3.11 VENV=<new folder>")
 INSTALL_LOCK := $(PY) -m pip install --quiet --require-hashes --no-deps --only-binary :all: -r
 
-.PHONY: setup train test lint format bench bench-quick gpu-check clean lock audit
+.PHONY: setup train test test-fast lint format bench bench-quick gpu-check clean lock audit
 
 $(STAMP): pyproject.toml Makefile requirements/lock-pip.txt requirements/lock.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,17 +61,22 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
+# The whole suite, every lane (docs/development.md, "The lanes"). `make test-fast`: tests/unit and the end-to-end checks
+# marked `fast` (a fit, a resume, a plan, bad input, 2 processes under Lightning's launcher and torchrun): ~1 min.
 test: lint $(TEST_STAMP) slurm
 	$(PY) -m pytest
 
-# A real one-node SLURM for tests/test_slurm.py (skipped without it): Debian's packages (about 20 s), installed
-# only by root where apt-get exists; never fails the target.
+test-fast: $(TEST_STAMP)
+	$(PY) -m pytest -m "unit or fast"
+
+# A real one-node SLURM for tests/distributed/test_slurm.py (skipped without it): Debian's packages (about 20 s),
+# installed only by root where apt-get exists; never fails the target.
 .PHONY: slurm
 slurm:
 	@command -v slurmctld >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	  slurmctld slurmd slurm-client munge) >/dev/null 2>&1; } || \
-	  echo "note: SLURM is not installed (needs root and apt-get): tests/test_slurm.py will be skipped"
+	  echo "note: SLURM is not installed (needs root and apt-get): tests/distributed/test_slurm.py will be skipped"
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
+
+import yaml
 
 # Re-exported: the tests read runs with the same function the notebooks use.
 from project.runs import read_scalars as read_scalars
@@ -53,7 +59,16 @@ def run_cli(
     timeout: float = 300,
     module: Sequence[str] = ("-m", "project"),
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m project ARGS`` in ``cwd`` (so ``logs/`` lands there) and capture its output."""
+    """Run ``python -m project ARGS`` in ``cwd`` (so ``logs/`` lands there) and capture its output.
+
+    A run that is sure to stay one process, in the suite's own environment, is forked from a process that
+    already imported the CLI (``fork_cli.py``: the same command in a process of its own, without the 4 s of
+    imports); any other run, and every run under ``TESTS_FRESH_CLI=1``, starts a fresh interpreter.
+    """
+    if not env and tuple(module) == ("-m", "project") and forkable(args):
+        result = _fork_server().run(list(args), cwd, timeout)
+        if result is not None:
+            return result
     return subprocess.run(
         [sys.executable, *module, *args],
         cwd=cwd,
@@ -62,6 +77,161 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+# ---------------------------------------------------------------------------- one-process runs, forked
+FRESH_ENV = "TESTS_FRESH_CLI"
+_COMMANDS = ("fit", "validate", "test", "predict", "plan", "check", "consolidate")
+# Options that can make a run more than one process, or that print and exit before the command.
+_LAYOUT_OPTIONS = (
+    "--parallel",
+    "--parallel.devices",
+    "--parallel.num_nodes",
+    "--parallel.launcher",
+    "--parallel.scenario",
+    "--trainer",
+    "--trainer.devices",
+    "--trainer.num_nodes",
+    "--trainer.strategy",
+    "--trainer.accelerator",
+)
+
+
+_GPU_POSSIBLE = bool(os.environ.get("CUDA_VISIBLE_DEVICES")) or any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def forkable(args: Sequence[str]) -> bool:
+    """Whether ``python -m project ARGS`` is sure to stay one process (a command, and no option or config file
+    that sets a layout: those runs start fresh interpreters, as a user's do)."""
+    if os.environ.get(FRESH_ENV, "") not in ("", "0") or not args or args[0] not in _COMMANDS:
+        return False
+    if args[0] in ("plan", "consolidate"):
+        return True  # they start no process, whatever the layout
+    for i, arg in enumerate(args):
+        name, equals, value = arg.partition("=")
+        if name in _LAYOUT_OPTIONS or name.startswith(("-h", "--help", "--print_config")):
+            return False
+        if name in ("-c", "--config"):
+            if not equals:
+                value = args[i + 1] if i + 1 < len(args) else ""
+            if not _one_process_config(value):
+                return False
+    return True
+
+
+def _one_process_config(value: str) -> bool:
+    """A config file whose ``parallel`` and ``trainer`` sections set no layout (devices, nodes, launcher, strategy)."""
+    try:
+        data = yaml.safe_load(Path(value).read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # not a file (inline, missing) or not YAML: the fresh interpreter says so
+    if not isinstance(data, dict):
+        return False
+    parallel, trainer = data.get("parallel") or {}, data.get("trainer") or {}
+    if not isinstance(parallel, dict) or not isinstance(trainer, dict):
+        return False
+    one_device = ("cpu",) if _GPU_POSSIBLE else ("auto", "cpu")  # `auto` takes every GPU it sees
+    if {"devices", "num_nodes", "launcher"} & set(parallel) or parallel.get("scenario", "auto") not in one_device:
+        return False
+    return not {"devices", "num_nodes", "strategy", "accelerator"} & set(trainer)
+
+
+class ForkServer:
+    """The client of ``fork_cli.py``: one server per test session, runs from any thread."""
+
+    def __init__(self) -> None:
+        self.env = cli_env()
+        self.same_env = _settled(self.env)
+        self.folder = Path(tempfile.mkdtemp(prefix="fork_cli-"))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fork_cli"],
+            cwd=self.folder,
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=(self.folder / "server.err").open("w"),
+            text=True,
+        )
+        self.lock = threading.Lock()
+        self.waiting: dict[str, dict] = {}
+        self.count = 0
+        threading.Thread(target=self._answers, daemon=True).start()
+
+    def _answers(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            answer = json.loads(line)
+            slot = self.waiting[answer["id"]]
+            slot["status"] = answer["status"]
+            slot["done"].set()
+        with self.lock:  # the server ended: nothing more will be answered
+            self.dead = True
+            for slot in self.waiting.values():
+                slot["done"].set()
+
+    dead = False
+
+    def _send(self, message: dict) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(message) + "\n")
+        self.process.stdin.flush()
+
+    def run(self, args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str] | None:
+        """``python -m project ARGS`` in ``cwd``, forked; ``None`` if the server is gone (then run it fresh)."""
+        with self.lock:
+            if self.dead:
+                return None
+            self.count += 1
+            rid = str(self.count)
+            slot = self.waiting[rid] = {"done": threading.Event(), "status": None}
+            out, err = self.folder / f"{rid}.out", self.folder / f"{rid}.err"
+            try:
+                self._send({"id": rid, "args": args, "cwd": str(Path(cwd).resolve()), "out": str(out), "err": str(err)})
+            except OSError:  # the server ended (it could not import the CLI): run it fresh
+                self.dead = True
+                return None
+        command = [sys.executable, "-m", "project", *args]
+        finished = slot["done"].wait(timeout)
+        if not finished:
+            with self.lock, contextlib.suppress(OSError):
+                self._send({"kill": rid})
+            slot["done"].wait(30)
+        if slot["status"] is None and finished:
+            return None
+        stdout, stderr = (p.read_text() if p.exists() else "" for p in (out, err))
+        for path in (out, err):
+            path.unlink(missing_ok=True)
+        if not finished:
+            raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
+        return subprocess.CompletedProcess(command, slot["status"], stdout, stderr)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(30)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _settled(env: dict[str, str]) -> dict[str, str]:
+    """The environment but pytest's PYTEST_CURRENT_TEST, which names each test as it runs."""
+    return {key: value for key, value in env.items() if key != "PYTEST_CURRENT_TEST"}
+
+
+_server: list[ForkServer] = []
+_server_lock = threading.Lock()
+
+
+def _fork_server() -> ForkServer:
+    """The session's server, started on first use and again if the environment changed (a test's monkeypatch)."""
+    with _server_lock:
+        if not _server or _server[-1].dead or _server[-1].same_env != _settled(cli_env()):
+            if _server:
+                _server[-1].close()
+            _server.append(ForkServer())
+            atexit.register(_server[-1].close)
+        return _server[-1]
 
 
 def two_at_a_time(*calls: Callable[[], T]) -> list[T]:

@@ -70,8 +70,8 @@ class StopOnSignal(L.Callback):
             self._channel = None
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        """A failed or stopped run: the signals mean what they meant before."""
-        self._restore()
+        """A failed or stopped run: the signals mean what they meant before; the channel's watcher ends."""
+        self.on_train_end(trainer, pl_module)
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():

@@ -10,6 +10,8 @@ all-reduce holds them together), so each learns of the stop before it reaches it
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import threading
 import uuid
@@ -22,6 +24,8 @@ import torch.distributed as dist
 STEPS_AHEAD = 2
 #: The key's value once training is over: no stop, the watchers end.
 DONE = "done"
+#: Seconds of one wait of the watcher; it ends at most this long after :meth:`StopChannel.close`.
+WAIT_S = 1.0
 
 
 class StopChannel:
@@ -32,11 +36,16 @@ class StopChannel:
         # Two clients: a store client holds its lock while it waits, so the proposer needs a connection of its own.
         timeout = timedelta(days=7)
         self._waiting = dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
-        self._proposing = dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+        # A proposal or the closing mark is one quick request; a store that went away fails it within seconds.
+        self._proposing = dist.TCPStore(
+            host, port, is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False
+        )
         self.key = key
         self.agreed: tuple[int, str] | None = None
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._wait, name="project-stop-watch", daemon=True)
         self._thread.start()
+        atexit.register(self.close)  # a run that ends without Lightning's hooks (an error outside fit)
 
     @classmethod
     def open(cls, trainer: L.Trainer) -> StopChannel:
@@ -49,16 +58,29 @@ class StopChannel:
         self._proposing.compare_set(self.key, "", f"{step} {why}")
 
     def close(self) -> None:
-        """Training is over: release every rank's watcher (before the store's host, rank 0, goes away)."""
-        self._proposing.compare_set(self.key, "", DONE)
-        self._thread.join(timeout=10)
+        """Training is over (or failed): end this rank's watcher before the store's host, rank 0, can go away.
+
+        Idempotent; never raises (in a failed run the store may be gone already).
+        """
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        with contextlib.suppress(Exception):
+            self._proposing.compare_set(self.key, "", DONE)  # the others' watchers end at once too
+        self._thread.join(timeout=WAIT_S + 1)
 
     def _wait(self) -> None:
-        try:
-            self._waiting.wait([self.key])
-            value = self._waiting.get(self.key).decode()
-        except Exception:  # the store went away: the others failed (said elsewhere)
+        # Short waits in a loop: a watcher must end before the process does (a thread blocked inside the store
+        # client at exit aborts the process), whether or not anyone sets the key.
+        while not self._closing.is_set():
+            try:
+                self._waiting.wait([self.key], timedelta(seconds=WAIT_S))
+                value = self._waiting.get(self.key).decode()
+            except dist.DistStoreError:  # the wait timed out: look again
+                continue
+            except Exception:  # the store went away: the others failed (said elsewhere)
+                return
+            if value != DONE:
+                step, why = value.split(" ", 1)
+                self.agreed = (int(step), why)
             return
-        if value != DONE:
-            step, why = value.split(" ", 1)
-            self.agreed = (int(step), why)

@@ -6,13 +6,13 @@ import json
 from functools import partial
 
 import pytest
-import torch
 
-from project.data.arrays import load_digits_tensors, seeded_split, split_sizes
+from project.models.digits_net import DigitsNet
 
-from helpers import CONFIGS, DIGITS, FAST, assert_clean_error, read_plan, read_scalars, run_cli, run_dirs, two_at_a_time
+from helpers import CONFIGS, DIGITS, FAST, assert_clean_error, run_cli, run_dirs, two_at_a_time
 
 
+@pytest.mark.fast
 def test_help_lists_the_subcommands(tmp_path):
     result = run_cli(["--help"], tmp_path)
     assert result.returncode == 0
@@ -20,50 +20,13 @@ def test_help_lists_the_subcommands(tmp_path):
         assert name in result.stdout
 
 
+@pytest.mark.fast
 def test_fast_dev_run_fit(tmp_path):
     result = run_cli(["fit", "--config", DIGITS, "--trainer.fast_dev_run", "true"], tmp_path)
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.slow
-def test_main_job_reaches_accuracy_and_test_from_checkpoint_reproduces_it(tmp_path):
-    fit = run_cli(["fit", "--config", DIGITS], tmp_path)
-    assert fit.returncode == 0, fit.stderr
-    (run,) = run_dirs(tmp_path)
-    assert f"Run directory: logs/digits/{run.name}" in fit.stdout
-    scalars = read_scalars(run)
-    for tag in ("train/loss", "val/loss", "val/acc", "test/acc"):
-        assert tag in scalars, sorted(scalars)
-    logged = scalars["test/acc"][-1][1]
-    assert logged >= 0.95
-    assert (run / "config.yaml").is_file() and read_plan(run)["world_size"] == 1
-    assert (run / "checkpoints" / "last.ckpt").is_file()
-    (best,) = (run / "checkpoints").glob("best-*.ckpt")
-    # Checkpoints load under torch's default weights_only=True: no pickled modules in hyperparameters.
-    torch.load(best, weights_only=True)
-
-    again = []
-    for _ in range(2):
-        test = run_cli(["test", "--config", DIGITS, "--ckpt_path", str(best)], tmp_path)
-        assert test.returncode == 0, test.stderr
-        again.append(read_scalars(run_dirs(tmp_path)[-1])["test/acc"][-1][1])
-    assert again[0] == again[1]
-    assert again[0] == pytest.approx(logged, abs=1e-6)
-
-    predict = run_cli(["predict", "--config", DIGITS, "--ckpt_path", str(best)], tmp_path)
-    assert predict.returncode == 0, predict.stderr
-    rows = (run_dirs(tmp_path)[-1] / "predictions.csv").read_text().splitlines()
-    assert rows[0] == "index,prediction" and len(rows) == 1 + 270
-    labels = digits_test_labels()
-    correct = sum(int(row.split(",")[1]) == label for row, label in zip(rows[1:], labels))
-    assert correct / len(labels) == pytest.approx(logged, abs=1e-6)
-
-
-def digits_test_labels() -> list[int]:
-    x, y = load_digits_tensors()
-    return seeded_split(x, y, split_sizes(len(x), 0.15, 0.15), seed=0)[2].tensors[1].tolist()
-
-
+@pytest.mark.fast
 def test_two_runs_in_a_row_make_two_versions(tmp_path):
     args = ["fit", "--config", DIGITS, "--config", FAST, "--trainer.max_epochs", "1", "--test_after_fit", "false"]
     for _ in range(2):
@@ -73,6 +36,7 @@ def test_two_runs_in_a_row_make_two_versions(tmp_path):
     assert all((p / "config.yaml").is_file() and (p / "plan.json").is_file() for p in run_dirs(tmp_path))
 
 
+@pytest.mark.fast
 def test_plan_json_is_one_object_on_stdout(tmp_path):
     result = run_cli(["plan", "--config", DIGITS, "--json"], tmp_path)
     assert result.returncode == 0, result.stderr
@@ -86,6 +50,7 @@ def write(path, text):
     return str(path)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("make_args", "needles"),
     [
@@ -128,3 +93,28 @@ def test_plan_for_the_seed_scenarios_on_8_gpus(tmp_path):
     assert dp_012["per_device_batch_size"] == dp_012["global_batch_size"] // 3
     assert ddp["strategy"]["name"] == "ddp" and ddp["strategy"]["broadcast_buffers"] is False
     assert_clean_error(bad, "16", "15 or 18")
+
+
+def test_plan_for_8_gpus_shows_fsdp_precision_compile_and_memory_beside_ddp(tmp_path):
+    args = ["plan", "--config", DIGITS, "--assume_gpus", "8", "--json", "--parallel.scenario", "fsdp"]
+    result = run_cli([*args, "--parallel.precision", "bf16-mixed", "--parallel.compile", "true"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert data["strategy"]["name"] == "fsdp" and data["strategy"]["sharding"] == "full"
+    assert data["precision"] == "bf16-mixed" and data["compile"] is True
+    memory = data["memory"]
+    assert memory["planned"] == "fsdp" and "activations" in memory["note"]
+    # Counted from the model the config builds (DigitsNet 64-256-256-10 with BatchNorm) and its AdamW.
+    net = DigitsNet(hidden=256, batch_norm=True)
+    param_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+    assert memory["model"]["parameter_bytes"] == param_bytes
+    assert memory["optimizer"]["class_path"] == "torch.optim.adamw.AdamW"
+    ddp, fsdp = memory["per_device"]["ddp"], memory["per_device"]["fsdp"]
+    assert ddp["parameters"]["bytes"] == param_bytes and ddp["gradients"]["bytes"] == param_bytes
+    assert fsdp["shard_degree"] == 8 and fsdp["parameters"]["bytes"] == -(-param_bytes // 8)
+    assert fsdp["total"]["bytes"] < ddp["total"]["bytes"] / 4
+    text = run_cli(["plan", "--config", DIGITS, "--assume_gpus", "8", "--parallel.precision", "bf16-mixed"], tmp_path)
+    assert text.returncode == 0, text.stderr[-3000:]
+    for words in ("memory per device", "ddp (planned)", "zero1 / 8", "fsdp full / 8", "optimizer state"):
+        assert words in text.stdout, text.stdout
+    assert "bf16-mixed" in text.stdout and "Not counted: activations" in " ".join(text.stdout.split())

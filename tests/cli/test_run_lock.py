@@ -132,7 +132,11 @@ def test_a_second_fit_on_a_training_run_is_refused_and_the_resume_after_it_train
 
     # The killed fit left its lock file: it blocks nothing, and the resume continues from last.ckpt.
     assert (tmp_path / RUN / LOCK_NAME).exists()
-    saved = torch.load(last, weights_only=False, map_location="cpu")["global_step"]
+    # --resume auto continues from the newest good checkpoint: last.ckpt, or the best one when the freeze caught a
+    # background write of last.ckpt (the best-*.ckpt of a later epoch is then the newest).
+    saved = max(
+        torch.load(p, weights_only=False, map_location="cpu")["global_step"] for p in last.parent.glob("*.ckpt")
+    )
     resumed = run_cli(["fit", *LONG, "--resume", "auto", "--trainer.max_steps", str(saved + 2)], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [p.name for p in run_dirs(tmp_path)] == ["version_0"]

@@ -7,6 +7,7 @@ import re
 import subprocess
 import time
 
+import pytest
 from test_launchers import TORCHRUN, finish, start_cli
 
 from helpers import CPU_DDP, DIGITS, assert_clean_error, free_port, run_cli
@@ -47,6 +48,7 @@ def test_check_on_one_process_writes_only_its_report(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["check.json"]  # no logs/, no config.yaml, no checkpoint
 
 
+@pytest.mark.fast
 def test_check_on_two_processes_with_lightnings_launcher(tmp_path):
     result = run_cli([*CHECK, "--config", CPU_DDP, "--out", "reports/check.json"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -97,38 +97,33 @@ def test_evaluation_counts_every_sample_once_and_matches_one_process(ddp_run, tm
         assert at_step and at_step[-1] == pytest.approx(single[tag], abs=1e-6), (tag, step, logged[tag])
 
 
+# The same global batch of 32 at any world size; no dropout or batch norm, so 1 and 2 processes compute the same.
+SAME_GLOBAL = [
+    "--config", FAST, "--model.init_args.net.init_args.dropout", "0", "--model.init_args.net.init_args.batch_norm",
+    "false", "--parallel.global_batch_size", "32", "--test_after_fit", "false", "--trainer.limit_val_batches", "1",
+]  # fmt: skip
+
+
+def same_global_fit(cwd: Path, *layout: str) -> dict[str, torch.Tensor]:
+    """The weights of the SAME_GLOBAL fit on ``layout`` (a config right after digits.yaml; overrides after both)."""
+    result = run_cli(["fit", "--config", DIGITS, *layout, *SAME_GLOBAL], cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = run_dirs(cwd)
+    plan = read_plan(run)
+    assert plan["global_batch_size"] == 32 and plan["per_device_batch_size"] == 32 // plan["world_size"]
+    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def one_process_weights(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The reference: the SAME_GLOBAL fit on one process, shared by both layouts below."""
+    return same_global_fit(tmp_path_factory.mktemp("one_process"))
+
+
+@pytest.mark.fast
 @pytest.mark.parametrize("layout", [CPU_DDP, FORK], ids=["ddp", "fork"])
-def test_same_global_batch_gives_same_weights_at_world_size_1_and_2(tmp_path, layout):
-    common = [
-        "fit",
-        "--config",
-        DIGITS,
-        "--config",
-        FAST,
-        "--model.init_args.net.init_args.dropout",
-        "0",
-        "--model.init_args.net.init_args.batch_norm",
-        "false",
-        "--parallel.global_batch_size",
-        "32",
-        "--test_after_fit",
-        "false",
-        "--trainer.limit_val_batches",
-        "1",
-    ]
-    weights = []
-    for name, extra in (("one", []), ("two", ["--config", layout])):
-        cwd = tmp_path / name
-        cwd.mkdir()
-        # The layout config goes right after digits.yaml; the command-line overrides come after both.
-        args = [*common[:3], *extra, *common[3:]]
-        result = run_cli(args, cwd)
-        assert result.returncode == 0, result.stderr[-3000:]
-        (run,) = run_dirs(cwd)
-        plan = read_plan(run)
-        assert plan["global_batch_size"] == 32 and plan["per_device_batch_size"] == 32 // plan["world_size"]
-        weights.append(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
-    one, two = weights
+def test_same_global_batch_gives_same_weights_at_world_size_1_and_2(tmp_path, layout, one_process_weights):
+    one, two = one_process_weights, same_global_fit(tmp_path, "--config", layout)
     assert one.keys() == two.keys()
     for key in one:
         assert not torch.equal(one[key], torch.zeros_like(one[key]))

@@ -237,6 +237,7 @@ def test_plan_under_torchrun_reports_a_mismatch_as_a_note(tmp_path):
     assert any("will not start under torchrun" in n and "devices=3" in n and "started 2" in n for n in plan["notes"])
 
 
+@pytest.mark.fast
 @pytest.mark.distributed
 def test_torchrun_takes_the_layout_from_the_launcher(tmp_path):
     launcher = [*TORCHRUN, "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "project"]

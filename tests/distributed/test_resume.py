@@ -129,6 +129,7 @@ def test_resume_and_an_explicit_checkpoint_are_one_choice():
 
 
 # ------------------------------------------------------------------------------ exact resume
+@pytest.mark.fast
 def test_sigkill_mid_epoch_then_resume_auto_is_bit_exact_on_one_process(tmp_path, uninterrupted_one):
     killed = run_cli([*ONE, callback("faults.KillAtStep", step=15, rank=0)], tmp_path)
     assert killed.returncode == -9, killed.stderr

@@ -19,22 +19,6 @@ def test_digits_shapes_and_split_sizes():
     assert y.shape == (32,) and y.dtype == torch.int64 and set(y.tolist()) <= set(range(10))
 
 
-def test_digits_are_read_exactly_as_scikit_learn_loads_them_without_importing_it():
-    import subprocess
-    import sys
-
-    from sklearn.datasets import load_digits
-
-    from project.data.arrays import load_digits_tensors
-
-    x, y = load_digits_tensors()
-    bunch = load_digits()
-    assert torch.equal(x, torch.tensor(bunch.data, dtype=torch.float32) / 16.0)
-    assert torch.equal(y, torch.tensor(bunch.target, dtype=torch.int64))
-    code = "import sys; from project.data import arrays; arrays.load_digits_tensors(); print('sklearn' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
-
-
 def test_digits_split_is_deterministic_and_seeded():
     def test_labels(seed: int) -> list[int]:
         data = DigitsDataModule(seed=seed)
