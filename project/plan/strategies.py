@@ -52,8 +52,15 @@ class StrategyRow:
 
 
 def is_interactive() -> bool:
-    """A notebook or REPL, where processes must be forked (Lightning's own rule)."""
-    return hasattr(sys, "ps1") or bool(sys.flags.interactive) or "ipykernel" in sys.modules
+    """A notebook or REPL, where processes must be forked: Lightning's rule, and a running IPython shell.
+
+    Only a running shell counts: a process that merely imported ipykernel or IPython (a test runner executing
+    notebooks, a tool built on them) is not interactive.
+    """
+    if hasattr(sys, "ps1") or bool(sys.flags.interactive):
+        return True
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
+    return callable(get_ipython) and get_ipython() is not None
 
 
 def ddp_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:

@@ -300,15 +300,22 @@ def notebook(monkeypatch):
     monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
 
 
-def test_a_notebook_is_interactive(monkeypatch):
+def test_a_notebook_is_interactive_and_a_process_that_imported_ipykernel_is_not(monkeypatch):
     monkeypatch.delattr(sys, "ps1", raising=False)
-    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
     if sys.flags.interactive:
         pytest.skip("python -i")
-    assert not is_interactive()
+    # A test runner that executes notebooks imports ipykernel and IPython, and runs no shell: not interactive
+    # (fsdp would otherwise be refused in it, as in a notebook).
     monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    no_shell = types.ModuleType("IPython")
+    no_shell.get_ipython = lambda: None
+    monkeypatch.setitem(sys.modules, "IPython", no_shell)
+    assert not is_interactive()
+    shell = types.ModuleType("IPython")
+    shell.get_ipython = lambda: object()  # a notebook's kernel: a running shell
+    monkeypatch.setitem(sys.modules, "IPython", shell)
     assert is_interactive()
-    monkeypatch.delitem(sys.modules, "ipykernel")
+    monkeypatch.setitem(sys.modules, "IPython", no_shell)
     monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
     assert is_interactive()
 
