@@ -24,8 +24,10 @@ import torch.distributed as dist
 STEPS_AHEAD = 2
 #: The key's value once training is over: no stop, the watchers end.
 DONE = "done"
-#: Seconds of one wait of the watcher; it ends at most this long after :meth:`StopChannel.close`.
-WAIT_S = 1.0
+#: Seconds of one wait of the watcher. :meth:`StopChannel.close` ends it at once by setting the key (every path out
+#: of a fit closes the channel); the slices only bound a watcher whose close could not reach the store. Each slice
+#: that times out makes torch's store client print a warning, so they are long.
+WAIT_S = 3600.0
 
 
 class StopChannel:
@@ -67,11 +69,11 @@ class StopChannel:
         self._closing.set()
         with contextlib.suppress(Exception):
             self._proposing.compare_set(self.key, "", DONE)  # the others' watchers end at once too
-        self._thread.join(timeout=WAIT_S + 1)
+        self._thread.join(timeout=10)
 
     def _wait(self) -> None:
-        # Short waits in a loop: a watcher must end before the process does (a thread blocked inside the store
-        # client at exit aborts the process), whether or not anyone sets the key.
+        # A watcher must end before the process does (a thread blocked inside the store client at exit aborts the
+        # process): close() sets the key, and the loop also looks at _closing between slices.
         while not self._closing.is_set():
             try:
                 self._waiting.wait([self.key], timedelta(seconds=WAIT_S))
