@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# The test environment adds what the suite also exercises: the `ray` extra (`make train` does without it).
+# The test environment adds what the suite also exercises: the `ray`, `tracking` and `sweep` extras (`make train` does
+# without them).
 TEST_STAMP := $(VENV)/.installed-test
 AUDIT_STAMP := $(VENV)/.installed-audit
 # The tested torch. On these CPU machines torch==2.13.0 resolves to a local CPU wheel; GPU users
@@ -15,9 +16,9 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 # Locked installs: requirements/ holds one lock per install set, generated from pyproject.toml by `make lock`,
 # every distribution but torch pinned with == and its sha256 hashes (Linux x86_64, CPython 3.11):
 #   lock-pip.txt    pip itself, installed first
-#   lock.txt        .[dev]             make setup, train, lint
-#   lock-test.txt   .[dev,ray]         make test
-#   lock-audit.txt  .[dev,ray,audit]   make audit (resolved first; the other locks keep its pins)
+#   lock.txt        .[dev]                            make setup, train, lint
+#   lock-test.txt   .[dev,ray,tracking,sweep]         make test
+#   lock-audit.txt  .[dev,ray,tracking,sweep,audit]   make audit (resolved first; the other locks keep its pins)
 # Torch and hash-checking: pip's --require-hashes wants a hash for every package it installs, dependencies included,
 # and torch (a local CPU wheel, or a CUDA build from PyTorch's index) has none in a lock. So each lock is installed
 # with --require-hashes --no-deps, and lists torch's own dependencies too (filelock, sympy, mpmath, networkx, jinja2,
@@ -63,11 +64,17 @@ format: $(STAMP)
 
 # The whole suite, every lane (docs/development.md, "The lanes"). `make test-fast`: tests/unit and the end-to-end checks
 # marked `fast` (a fit, a resume, a plan, bad input, 2 processes under Lightning's launcher and torchrun): ~1 min.
+# Two pytest-xdist workers, a test file each at a time (--dist loadfile: a file's module fixtures, the reference runs
+# its tests compare with, run once): one worker's imports, waits and timeouts leave the second core idle otherwise.
+# TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
 test: lint $(TEST_STAMP) slurm
-	$(PY) -m pytest
+	$(PYTEST)
 
 test-fast: $(TEST_STAMP)
-	$(PY) -m pytest -m "unit or fast"
+	$(PYTEST) -m "unit or fast"
 
 # A real one-node SLURM for tests/distributed/test_slurm.py (skipped without it): Debian's packages (about 20 s),
 # installed only by root where apt-get exists; never fails the target.
@@ -106,10 +113,10 @@ LOCK_NOTE2 := torch is left out: the Makefile installs it from TORCH_SPEC. Insta
 lock:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "$(UV_SPEC)"
-	echo "torch==$(TORCH_VERSION)+cpu" | $(UV_COMPILE) pyproject.toml - --extra dev --extra ray --extra audit \
-	  -o requirements/lock-audit.txt
-	echo "torch==$(TORCH_VERSION)+cpu" | $(UV_COMPILE) pyproject.toml - --extra dev --extra ray \
-	  -c requirements/lock-audit.txt -o requirements/lock-test.txt
+	echo "torch==$(TORCH_VERSION)+cpu" | $(UV_COMPILE) pyproject.toml - --extra dev --extra ray --extra tracking \
+	  --extra sweep --extra audit -o requirements/lock-audit.txt
+	echo "torch==$(TORCH_VERSION)+cpu" | $(UV_COMPILE) pyproject.toml - --extra dev --extra ray --extra tracking \
+	  --extra sweep -c requirements/lock-audit.txt -o requirements/lock-test.txt
 	echo "torch==$(TORCH_VERSION)+cpu" | $(UV_COMPILE) pyproject.toml - --extra dev \
 	  -c requirements/lock-audit.txt -o requirements/lock.txt
 	echo pip | $(UV_COMPILE) - -c requirements/lock-audit.txt -o requirements/lock-pip.txt

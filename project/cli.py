@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
-import torch.distributed as dist
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from project.build import ProjectCLI
@@ -35,7 +34,7 @@ from project.errors import UserError, run_reporting_user_errors
 from project.launch.legacy import strip_legacy_local_rank
 from project.launch.ray import run_on_ray, submits_to_ray
 from project.lightning_private import stop_launched_processes
-from project.parallel.collectives import in_process_group
+from project.parallel.collectives import leave_together
 from project.parallel.failures import defer_to_rank_zero, error_from_worker, explain_rank_failure
 from project.plan.launchers import LEGACY_FLAG_ENV
 from project.plan_command import print_plan
@@ -207,15 +206,12 @@ def say_where_the_run_went(trainer: L.Trainer) -> None:
 
 
 def leave_process_group() -> None:
-    """After a successful run, leave the process group together and cleanly.
+    """After a successful run, leave the process group together and cleanly, rank 0 last.
 
-    Rank 0 hosts the rendezvous store under Lightning's launcher and SLURM: if it exits while another
-    rank still tears down its connections, that rank aborts ("terminate called without an active
-    exception", exit code 134) although the run succeeded.
+    Rank 0 hosts the rendezvous store under Lightning's launcher and SLURM (see
+    :func:`project.parallel.collectives.leave_together`).
     """
-    if in_process_group():
-        dist.barrier()
-        dist.destroy_process_group()
+    leave_together()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _get_default_store
+
+#: How long rank 0 waits for the other ranks to have left before it leaves (and its rendezvous store with it).
+LEAVE_WAIT_S = 30.0
 
 
 def in_process_group() -> bool:
@@ -25,3 +31,27 @@ def gather_objects(value: Any) -> list[Any]:
     gathered: list[Any] = [None] * size
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+def leave_together() -> None:
+    """Leave the default process group on every rank, rank 0 last.
+
+    After a barrier, ranks 1..N-1 destroy their group and say so through the rendezvous store, and rank 0 waits
+    for that before it destroys its own. Rank 0 hosts the store under Lightning's launcher, SLURM and two "nodes"
+    on localhost: when it exited while another rank still tore its connections down, that rank aborted
+    ("terminate called without an active exception") although the run had succeeded; a barrier alone does not
+    order the teardowns.
+    """
+    if not in_process_group():
+        return
+    store, rank, world = _get_default_store(), dist.get_rank(), dist.get_world_size()
+    dist.barrier()
+    if rank != 0:
+        dist.destroy_process_group()
+        with contextlib.suppress(RuntimeError):  # the store client outlives the group: this reference holds it
+            store.set(f"project/left/{rank}", "1")
+        return
+    # A rank that could not say it left (its store connection broke) is not waited for past the timeout.
+    with contextlib.suppress(RuntimeError):
+        store.wait([f"project/left/{other}" for other in range(1, world)], timedelta(seconds=LEAVE_WAIT_S))
+    dist.destroy_process_group()

@@ -8,8 +8,10 @@ launchers are: plan.json, test/acc, checkpoints and the export.
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,7 +56,10 @@ def ray_cluster(tmp_path_factory) -> Iterator[dict[str, str]]:
     log = home / "head.log"
     port = env["RAY_ADDRESS"].rsplit(":", 1)[1]
     head_args = ["start", "--head", "--block", "--num-cpus", "2", "--include-dashboard", "false", "--port", port]
-    head_args += ["--temp-dir", str(home / "session"), "--disable-usage-stats"]
+    # Ray's socket paths must stay under 107 bytes: its session goes in a short folder of /tmp, not in pytest's
+    # (pytest-xdist adds popen-gwN/ to it).
+    session = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    head_args += ["--temp-dir", session, "--disable-usage-stats"]
     with log.open("w") as out:
         head_env = {k: v for k, v in cli_env({"HOME": env["HOME"]}).items() if k != "RAY_ADDRESS"}
         head = subprocess.Popen(
@@ -68,6 +73,7 @@ def ray_cluster(tmp_path_factory) -> Iterator[dict[str, str]]:
         yield env
     finally:
         stop_tree(head, grace_s=5)  # `ray start --block` waits out SIGTERM; its processes end on SIGKILL
+        shutil.rmtree(session, ignore_errors=True)
 
 
 def digits_test_accuracy(export: Path) -> float:

@@ -20,7 +20,11 @@ MALICIOUS = {"lightning": {"2.6.2", "2.6.3"}, "pytorch-lightning": {"2.6.2", "2.
 
 REQUIREMENTS = REPO / "requirements"
 # The Makefile's install sets: each lock and the extras of pyproject.toml it is compiled from (`make lock`).
-LOCK_EXTRAS = {"lock.txt": ("dev",), "lock-test.txt": ("dev", "ray"), "lock-audit.txt": ("dev", "ray", "audit")}
+LOCK_EXTRAS = {
+    "lock.txt": ("dev",),
+    "lock-test.txt": ("dev", "ray", "tracking", "sweep"),
+    "lock-audit.txt": ("dev", "ray", "tracking", "sweep", "audit"),
+}
 LOCKS = [*LOCK_EXTRAS, "lock-pip.txt"]
 PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)$")
 HASH = re.compile(r"^--hash=sha256:[0-9a-f]{64}$")
