@@ -27,6 +27,7 @@ from project.callbacks import (
     template_callbacks,
 )
 from project.callbacks.dispatch import skip_idle_batch_hooks
+from project.callbacks.float64 import Float64BeforeRestore
 from project.callbacks.model_checks import refuse_manual_accumulation
 from project.check.command import add_check_arguments, check_trainer_kwargs
 from project.checkpoints.background import with_atomic_checkpoint_io
@@ -205,6 +206,11 @@ class ProjectCLI(LightningCLI):
         if self.plan is not None:
             kwargs = {**trainer_kwargs(self.plan), **kwargs}
         kwargs["plugins"] = with_atomic_checkpoint_io(trainer_config.get("plugins"))
+        if kwargs.get("precision") == "64":  # as a plugin: Lightning's ModelParallelStrategy refuses the flag only
+            from lightning.pytorch.plugins import DoublePrecision
+
+            kwargs["precision"] = None
+            kwargs["plugins"] = [*kwargs["plugins"], DoublePrecision()]
         if trainer_config.get("profiler") is None and not trainer_config.get("barebones"):
             kwargs["profiler"] = NoProfiler()  # Lightning's default without its per-hook cost
         chosen = self.chosen.path if self.chosen is not None else None
@@ -216,12 +222,14 @@ class ProjectCLI(LightningCLI):
         section = settings or ParallelConfig()
         stop = StopOnSignal(section.stop_signals, section.stop_grace_s) if self.command == "fit" else None
         own = template_callbacks(self.loaders, chosen, bar, learning_rate, self._stragglers(), writer, stop)
-        # torch.compile once the strategy has wrapped the model
-        compiled = [CompileAfterWrap()] if self.plan is not None and self.plan.compile else []
-        kwargs["callbacks"] = [*configured, *own, *compiled]
+        # What the model itself must become: torch.compile once the strategy has wrapped it; float64 before a restore
+        shaping = [CompileAfterWrap()] if self.plan is not None and self.plan.compile else []
+        if self.plan is not None and self.plan.precision == "64":
+            shaping.append(Float64BeforeRestore())
+        kwargs["callbacks"] = [*configured, *own, *shaping]
         if self.command == "check":  # the layout, the sampling and the model as configured; nothing written
             kept = [self.loaders] if self.loaders is not None else []
-            kwargs.update(check_trainer_kwargs(self.config, [*kept, *compiled]))
+            kwargs.update(check_trainer_kwargs(self.config, [*kept, *shaping]))
         trainer = super().instantiate_trainer(**kwargs)
         skip_idle_batch_hooks(trainer.callbacks)  # Lightning's own defaults (summary, checkpoint) included
         return trainer

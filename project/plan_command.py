@@ -25,7 +25,9 @@ from project.parallel.sampler_install import takes_eval_sampler
 from project.plan.environment import detect_environment
 from project.plan.layout import LaunchMismatchError
 from project.plan.memory import estimate
+from project.plan.optimizer_count import tensor_bytes
 from project.plan.resolve import Plan, resolve_plan
+from project.plan.tensor_plan import resolve_tensor_plan, split_parameter_names
 
 if TYPE_CHECKING:
     from project.build import ProjectCLI
@@ -139,7 +141,24 @@ def memory_estimate(cli: ProjectCLI, plan: Plan) -> dict[str, Any] | None:
         sharding=settings.sharding,
         cpu_offload=settings.cpu_offload,
         precision=plan.precision,
+        tensor_split=tensor_split_bytes(cli.model, tensor_styles(cli, plan)),
     )
+
+
+def tensor_styles(cli: ProjectCLI, plan: Plan) -> dict[str, str]:
+    """The tensor-parallel plan resolved on the built model (``{}`` without one); one that cannot apply refuses."""
+    tp = plan.degrees.get("tp", 1)
+    if tp == 1 or cli.model is None:
+        return {}
+    assert cli.plan_inputs is not None
+    return resolve_tensor_plan(cli.model, cli.plan_inputs[0].tensor_parallel.plan, tp)
+
+
+def tensor_split_bytes(model: Any, styles: dict[str, str]) -> tuple[int, int]:
+    """Bytes of the parameters (all, trainable) the resolved tensor-parallel plan splits."""
+    names = split_parameter_names(model, styles)
+    split = [p for name, p in model.named_parameters() if name in names]
+    return tensor_bytes(split), tensor_bytes(p for p in split if p.requires_grad)
 
 
 def print_plan(cli: ProjectCLI) -> None:
@@ -149,6 +168,9 @@ def print_plan(cli: ProjectCLI) -> None:
     refuse_manual_accumulation(cli.model, plan.accumulation, cli.plan_inputs[0], plan)
     data = plan.to_dict()
     data["strategy"].update(plan_units(plan.scenario, plan.strategy, cli.model, cli.plan_inputs[0].wrap_modules))
+    styles = tensor_styles(cli, plan)
+    if styles:
+        data["strategy"]["tensor_parallel"] = {"size": plan.degrees["tp"], "modules": styles}
     limits = plan_limits(cli, plan)
     data["limits"] = limits_json(limits)
     if cli.config.get("parallel") is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from typing import TypeVar
 import yaml
 
 # Re-exported: the tests read runs with the same function the notebooks use.
+from project.checkpoints.atomic import atomic_write_text
 from project.runs import read_scalars as read_scalars
 
 REPO = Path(__file__).resolve().parents[1]
@@ -318,3 +320,17 @@ def file_hashes(folder: Path) -> dict[str, str]:
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
     }
+
+
+def every_10_steps() -> str:
+    """``configs/digits.yaml`` whose ``last.ckpt`` is also saved every 10 optimizer steps: kill points are steps here.
+
+    The config's own rule is by time (``TimedCheckpoint(every_s=60)``, tested in ``test_timed_checkpoint.py``);
+    steps make the checkpoint a killed run resumes from known in advance. The file's name is its content's hash.
+    """
+    text = Path(DIGITS).read_text().replace("every_s: 60\n", "every_s: 60\n        every_n_steps: 10\n")
+    assert "every_n_steps: 10" in text, "configs/digits.yaml no longer has TimedCheckpoint(every_s: 60)"
+    path = Path(tempfile.gettempdir()) / f"digits-every-10-steps-{hashlib.sha1(text.encode()).hexdigest()[:12]}.yaml"
+    if not path.exists():
+        atomic_write_text(path, text)
+    return str(path)

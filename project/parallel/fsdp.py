@@ -48,6 +48,8 @@ from project.parallel.fsdp_sharding import (
     shard_module,
 )
 from project.parallel.fsdp_units import resolve_wrap_classes
+from project.parallel.tensor_parallel import apply_tensor_parallel
+from project.plan.tensor_plan import resolve_tensor_plan
 
 if TYPE_CHECKING:
     import lightning as L
@@ -65,6 +67,7 @@ class FullyShardStrategy(ModelParallelStrategy):
         timeout: How long a collective may wait.
         data_parallel: The layout's data-parallel degree (replicas x shards); ``None``: every process.
         tensor_parallel: The layout's tensor-parallel degree (1: none).
+        tensor_plan: ``parallel.tensor_parallel.plan`` (``auto`` or module patterns -> styles), for ``tp > 1``.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class FullyShardStrategy(ModelParallelStrategy):
         timeout: timedelta | None = None,
         data_parallel: int | None = None,
         tensor_parallel: int = 1,
+        tensor_plan: str | dict[str, str] = "auto",
     ) -> None:
         kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
         super().__init__(save_distributed_checkpoint=True, process_group_backend=process_group_backend, **kwargs)
@@ -83,13 +87,16 @@ class FullyShardStrategy(ModelParallelStrategy):
         self.cpu_offload = cpu_offload
         self.wrap_modules = wrap_modules
         self.degrees = (data_parallel, tensor_parallel)
+        self.tensor_plan = tensor_plan
         self._shard_mesh: DeviceMesh | None = None
         self._gathered_for_evaluation: list[Any] = []
         self._before_sharding: dict[str, nn.Parameter] = {}
 
     def connect(self, model: L.LightningModule) -> None:
-        """Check, before anything runs, that the module's networks can be sharded as asked."""
+        """Check, before anything runs, that the module's networks can be sharded (and split) as asked."""
         resolve_wrap_classes(model, self.wrap_modules)
+        if self.degrees[1] > 1:
+            resolve_tensor_plan(model, self.tensor_plan, self.degrees[1])
         super().connect(model)
 
     def setup_environment(self) -> None:
@@ -115,9 +122,16 @@ class FullyShardStrategy(ModelParallelStrategy):
         # The parameters before sharding, kept alive (so their ids stay theirs) until the optimizers are built.
         self._before_sharding = dict(module.named_parameters())
         if not is_sharded(module):
+            # float64 (precision 64) before the split: Lightning's setup converts the module after it, too late
+            self.precision_plugin.convert_module(module)
             broadcast_from_rank0(module, self.root_device)
-            classes = resolve_wrap_classes(module, self.wrap_modules)
-            shard_module(module, self._shard_mesh, self.sharding, self.cpu_offload, classes)
+            data_parallel, tensor_parallel = self.degrees
+            if tensor_parallel > 1:  # split the layers first; fully_shard then shards the split parameters (2-D)
+                styles = resolve_tensor_plan(module, self.tensor_plan, tensor_parallel)
+                apply_tensor_parallel(module, self.device_mesh["tensor_parallel"], styles)
+            if tensor_parallel == 1 or (data_parallel or 1) > 1:
+                classes = resolve_wrap_classes(module, self.wrap_modules)
+                shard_module(module, self._shard_mesh, self.sharding, self.cpu_offload, classes)
         # Lightning's ModelParallelStrategy.setup insists on a configure_model that shards; the plain
         # Strategy.setup does the rest (precision, device, optimizers over the sharded parameters).
         Strategy.setup(self, trainer)
@@ -218,4 +232,16 @@ def build(args: dict[str, Any], backend: str | None, degrees: dict[str, int]) ->
         timeout=timedelta(seconds=args["timeout_s"]),
         data_parallel=degrees["dp_replicate"] * degrees["dp_shard"],
         tensor_parallel=degrees.get("tp", 1),
+        tensor_plan=args.get("tensor_parallel_plan", "auto"),
+    )
+
+
+def build_tensor_parallel(args: dict[str, Any], backend: str | None, degrees: dict[str, int]) -> FullyShardStrategy:
+    """The ``tensor_parallel`` row's builder: the same strategy, every process one tensor-parallel group."""
+    return FullyShardStrategy(
+        process_group_backend=backend,
+        timeout=timedelta(seconds=args["timeout_s"]),
+        data_parallel=1,
+        tensor_parallel=degrees["tp"],
+        tensor_plan=args["tensor_parallel_plan"],
     )

@@ -23,10 +23,13 @@ if TYPE_CHECKING:
 
 
 def is_sharded(module: nn.Module) -> bool:
-    """Whether ``fully_shard`` was applied to ``module`` or one of its submodules."""
+    """Whether ``fully_shard`` or tensor parallelism was applied to ``module`` (a submodule, a parameter)."""
     from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
 
-    return any(isinstance(m, FSDPModule) for m in module.modules())
+    return any(isinstance(m, FSDPModule) for m in module.modules()) or any(
+        isinstance(p, DTensor) for p in module.parameters()
+    )
 
 
 def fsdp_modules(module: nn.Module) -> list[Any]:

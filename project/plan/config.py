@@ -14,7 +14,25 @@ Backend = Literal["auto", "nccl", "gloo"]
 LrScaling = Literal["none", "linear", "sqrt"]
 Launcher = Literal["auto", "ray"]
 Sharding = Literal["full", "grad_op", "hybrid"]
-Precision = Literal["32", "bf16-mixed", "16-mixed"]
+Precision = Literal["32", "64", "bf16-mixed", "16-mixed"]
+#: A tensor-parallel style for the modules a plan pattern matches (torch.distributed.tensor.parallel's styles).
+TensorStyle = Literal["colwise", "rowwise", "sequence"]
+
+
+@dataclass
+class TensorParallel:
+    """The ``parallel.tensor_parallel`` subsection (docs/parallel.md, "Tensor parallelism").
+
+    Args:
+        size: Processes that split each layer's weights between them (the innermost degree: the ``size``
+            consecutive ranks of a group share their data). 1: off.
+        plan: ``auto`` (the template's GPT, and Linear pairs with only element-wise modules between them), or a
+            mapping from module-name patterns (``fnmatch``, e.g. ``"blocks.*.mlp.up"``) to ``colwise``,
+            ``rowwise`` or ``sequence``. A module with a ``parallelize(mesh)`` method parallelizes itself.
+    """
+
+    size: int = 1
+    plan: str | dict[str, TensorStyle] = "auto"
 
 
 @dataclass
@@ -55,7 +73,10 @@ class ParallelConfig:
         wrap_modules: fsdp only: class names (``Linear``) or import paths of the modules sharded as one unit
             each; ``None`` shards the model's largest child modules as the plan shows.
         compile: Apply ``torch.compile`` to the model after the DDP/FSDP wrap.
-        precision: 32 | bf16-mixed | 16-mixed (GPUs only): the Trainer's precision, owned by the plan.
+        precision: 32 | 64 (float64 everywhere: equivalences without float noise) | bf16-mixed | 16-mixed (GPUs
+            only): the Trainer's precision, owned by the plan.
+        tensor_parallel: Tensor parallelism (``size``, ``plan``); with ``scenario: fsdp`` it is 2-D (FSDP over
+            the data-parallel degree, tensor parallel within each group).
         straggler_every_n_steps: Gather each rank's compute time every N optimizer steps (0: off) and name
             a rank slower than the median by ``straggler_factor``.
         straggler_factor: How many times the median step time a rank must take to be named a straggler.
@@ -92,6 +113,12 @@ class ParallelConfig:
     cpu_threads: int | None = None
     stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"])
     stop_grace_s: float = 20.0
+    tensor_parallel: TensorParallel = field(default_factory=TensorParallel)
+
+    def __post_init__(self) -> None:
+        # The parser hands the subsection over as a mapping (``Namespace.as_dict``).
+        if isinstance(self.tensor_parallel, dict):
+            self.tensor_parallel = TensorParallel(**self.tensor_parallel)
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,49 @@ def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: Laun
             f"the plan has world size {world_size} (devices {per_node} x nodes {num_nodes}) but {external} "
             f"set WORLD_SIZE={environment.world_size}; make parallel.devices x parallel.num_nodes match"
         )
+    tp = tensor_degree(config, scenario, world_size)
     if scenario == "fsdp":  # sharded over every process, or (hybrid) within a node and replicated across nodes
         replicate = num_nodes if config.sharding == "hybrid" else 1
-        return Layout(scenario, accelerator, devices, num_nodes, replicate, dp_shard=world_size // replicate)
-    return Layout(scenario, accelerator, devices, num_nodes, dp_replicate=world_size)
+        shard = world_size // (replicate * tp)
+        return Layout(scenario, accelerator, devices, num_nodes, replicate, dp_shard=shard, tp=tp)
+    return Layout(scenario, accelerator, devices, num_nodes, dp_replicate=world_size // tp, tp=tp)
+
+
+#: The scenarios tensor parallelism composes with: one tensor-parallel group (every process), or 2-D under fsdp.
+TENSOR_PARALLEL_SCENARIOS = ("cpu", "ddp", "fsdp")
+
+
+def tensor_degree(config: ParallelConfig, scenario: str, world_size: int) -> int:
+    """``parallel.tensor_parallel.size``, checked against the scenario and the world size.
+
+    Raises:
+        UserError: a size below 1, one that does not divide the world size, a scenario it does not compose with,
+            or data parallelism beside it outside ``fsdp`` (2-D is FSDP x TP).
+    """
+    tp = config.tensor_parallel.size
+    if tp < 1:
+        raise UserError(f"parallel.tensor_parallel.size={tp} must be >= 1 (1: no tensor parallelism)")
+    if tp == 1:
+        return 1
+    if scenario not in TENSOR_PARALLEL_SCENARIOS:
+        raise UserError(
+            f"parallel.tensor_parallel.size={tp} with scenario {scenario!r}: tensor parallelism runs with scenario "
+            f"{', '.join(repr(name) for name in TENSOR_PARALLEL_SCENARIOS)}; change the scenario or set size 1"
+        )
+    if world_size % tp:
+        raise UserError(
+            f"parallel.tensor_parallel.size={tp} does not divide the world size {world_size}; use a divisor of "
+            f"{world_size} or change parallel.devices / num_nodes"
+        )
+    if scenario == "fsdp" and config.sharding == "hybrid":
+        raise UserError(
+            f"parallel.tensor_parallel.size={tp} with parallel.sharding 'hybrid': 2-D runs with sharding 'full' "
+            "or 'grad_op'; change parallel.sharding"
+        )
+    if scenario != "fsdp" and world_size != tp:
+        raise UserError(
+            f"parallel.tensor_parallel.size={tp} on {world_size} processes leaves {world_size // tp} data-parallel "
+            f"groups, which scenario {scenario!r} cannot combine with tensor parallelism; use scenario 'fsdp' "
+            f"(2-D: FSDP x TP) or parallel.tensor_parallel.size {world_size}"
+        )
+    return tp

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from torch import nn
@@ -119,6 +119,23 @@ def per_device(
     return row
 
 
+def as_trained(
+    count: ModelCount, optimizer: OptimizerCount, precision: str, split: tuple[int, int], tp: int
+) -> tuple[ModelCount, OptimizerCount]:
+    """The counts as one device holds them.
+
+    Doubled under ``precision: 64`` (the model is built in float32), and the ``split`` bytes (all, trainable) of
+    the tensor-parallel layers divided by ``tp``.
+    """
+    scale = 2 if precision == "64" else 1
+    params = scale * (count.parameter_bytes - split[0] + math.ceil(split[0] / tp))
+    trainable = scale * (count.trainable_bytes - split[1] + math.ceil(split[1] / tp))
+    # The optimizer's state follows the trainable parameters it is kept for.
+    states = round(optimizer.state_bytes * trainable / (scale * count.trainable_bytes)) if count.trainable_bytes else 0
+    count = replace(count, parameter_bytes=params, trainable_bytes=trainable, buffer_bytes=scale * count.buffer_bytes)
+    return count, replace(optimizer, state_bytes=scale * states)
+
+
 def shard_degree(sharding: str, dp_size: int, per_node: int) -> int:
     """How many ways fsdp divides the state: every data-parallel rank, or one node's for ``hybrid``."""
     return per_node if sharding == "hybrid" else dp_size
@@ -134,6 +151,7 @@ def estimate(
     sharding: str,
     cpu_offload: bool,
     precision: str,
+    tensor_split: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
     """The ``memory`` block of ``plan``: the model's counts and the per-device bytes under ddp, zero1 and fsdp.
 
@@ -146,15 +164,20 @@ def estimate(
         per_node: Processes per node (``hybrid`` shards within a node).
         sharding: fsdp's ``full``, ``grad_op`` or ``hybrid``.
         cpu_offload: fsdp keeps the sharded state in host memory.
-        precision: The plan's precision (mixed precision keeps float32 state: said, not counted twice).
+        precision: The plan's precision (mixed precision keeps float32 state: said, not counted twice; 64
+            doubles every byte).
+        tensor_split: Bytes of the parameters (all, trainable) the tensor-parallel plan splits ``tp`` ways.
     """
-    count = ModelCount.of(model)
-    optimizer = count_optimizer(model, optimizer_section)
+    count, optimizer = as_trained(
+        ModelCount.of(model), count_optimizer(model, optimizer_section), precision, tensor_split, degrees.get("tp", 1)
+    )
     dp_size = degrees["dp_replicate"] * degrees["dp_shard"]
     # The plan's own shard degree when it runs fsdp; else what fsdp would shard over on this layout.
     tp = degrees.get("tp", 1)
     fsdp_shard = degrees["dp_shard"] if planned == "fsdp" else shard_degree(sharding, dp_size, per_node // tp)
-    mixed = "" if precision == "32" else f"; {precision} keeps float32 parameters, gradients and optimizer state"
+    mixed = f"; {precision} keeps float32 parameters, gradients and optimizer state" if "mixed" in precision else ""
+    mixed += f"; tensor parallel {tp} divides the split layers first" if tp > 1 else ""
+    mixed += "; float64 (precision 64)" if precision == "64" else ""
     return {
         "planned": planned,
         "model": count.to_dict(),

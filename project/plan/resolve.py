@@ -125,7 +125,7 @@ def resolve_plan(
     batch, batch_notes = batch_fields(layout.scenario, layout.degrees, request, data_batch_size)
     external = environment.external
     start_method = "fork" if is_interactive() and not external else "popen"
-    strategy = strategy_name(layout.scenario, layout.world_size)
+    strategy = strategy_name(layout.scenario, layout.world_size, layout.tp)
     launch, launch_notes = describe_launch(environment, layout.per_node, layout.num_nodes)
     settings = (*setting_notes(config, layout, strategy, start_method), *launch_notes)
     return Plan(

@@ -38,7 +38,8 @@ class StrategyRow:
     checkpoint: Literal["file", "sharded"] = "file"
     #: Gradients are DTensors (each rank its shard): a finiteness check all-reduces the ranks' verdicts.
     grads_are_dtensors: bool = False
-    #: What the plan says the strategy does with memory, for ``plan``'s memory table: ddp | zero1 | fsdp.
+    #: What the plan says the strategy does with memory, for ``plan``'s memory table: ddp | zero1 | fsdp (a
+    #: tensor-parallel degree divides the split layers first, in every column).
     memory: Literal["ddp", "zero1", "fsdp"] = "ddp"
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,6 +83,21 @@ def _fsdp_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
         "wrap_rule": "parallel.wrap_modules" if config.wrap_modules is not None else DEFAULT_WRAP_RULE,
         "checkpoint": "sharded (torch.distributed.checkpoint folder)",
         "timeout_s": config.timeout_s,
+        **({"tensor_parallel_plan": _tensor_plan(config)} if config.tensor_parallel.size > 1 else {}),
+    }
+
+
+def _tensor_plan(config: ParallelConfig) -> str | dict[str, str]:
+    """``parallel.tensor_parallel.plan``, JSON-ready: ``auto`` or the mapping of module patterns to styles."""
+    plan = config.tensor_parallel.plan
+    return dict(plan) if isinstance(plan, dict) else plan
+
+
+def _tensor_parallel_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
+    return {
+        "tensor_parallel_plan": _tensor_plan(config),
+        "checkpoint": "sharded (torch.distributed.checkpoint folder)",
+        "timeout_s": config.timeout_s,
     }
 
 
@@ -110,6 +126,15 @@ STRATEGIES: dict[str, StrategyRow] = {
         grads_are_dtensors=True,
         memory="fsdp",
     ),
+    # Tensor parallelism over every process (project/parallel/tensor_parallel.py): each Linear of the plan split
+    # column- or row-wise into DTensor shards; the data is the same on every rank.
+    "tensor_parallel": StrategyRow(
+        args=_tensor_parallel_args,
+        build="project.parallel.fsdp:build_tensor_parallel",
+        shards_parameters=True,
+        checkpoint="sharded",
+        grads_are_dtensors=True,
+    ),
     # ZeRO stage 1: DDP whose optimizer state is sharded over the ranks (project/parallel/zero1.py); the
     # parameters and gradients stay replicated, so export and the finiteness check are DDP's.
     "zero1": StrategyRow(
@@ -122,6 +147,10 @@ STRATEGIES: dict[str, StrategyRow] = {
 }
 
 
-def strategy_name(scenario: str, world_size: int) -> str:
-    """The table's strategy for ``scenario`` at ``world_size`` processes."""
-    return "single_device" if world_size == 1 else SCENARIOS[scenario].strategy
+def strategy_name(scenario: str, world_size: int, tp: int = 1) -> str:
+    """The table's strategy for ``scenario`` at ``world_size`` processes (``tp``: tensor-parallel degree)."""
+    if world_size == 1:
+        return "single_device"
+    if tp > 1 and scenario != "fsdp":  # fsdp with a tensor-parallel degree is 2-D: its own row builds both
+        return "tensor_parallel"
+    return SCENARIOS[scenario].strategy

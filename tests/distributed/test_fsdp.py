@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 import torch
 from jsonargparse import Namespace
-from test_resume import every_10_steps
 from torch import nn
 
 from project.checkpoints import sharded, sharded_merge, sharded_save
@@ -45,6 +44,7 @@ from helpers import (
     FAST,
     assert_clean_error,
     cli_env,
+    every_10_steps,
     free_port,
     read_plan,
     read_scalars,

@@ -6,36 +6,18 @@ A run is killed with SIGKILL at a chosen step (a test-only callback, no sleeps),
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from project.checkpoints.atomic import atomic_write_text
 from project.checkpoints.resume import RunName, choose_checkpoint, find_resume_checkpoint
 from project.errors import UserError
 
-from helpers import CPU_DDP, DIGITS, FAST, read_scalars, run_cli, run_dirs
-
-
-def every_10_steps() -> str:
-    """``configs/digits.yaml`` whose ``last.ckpt`` is also saved every 10 optimizer steps: kill points are steps here.
-
-    The config's own rule is by time (``TimedCheckpoint(every_s=60)``, tested in ``test_timed_checkpoint.py``);
-    steps make the checkpoint a killed run resumes from known in advance. The file's name is its content's hash.
-    """
-    text = Path(DIGITS).read_text().replace("every_s: 60\n", "every_s: 60\n        every_n_steps: 10\n")
-    assert "every_n_steps: 10" in text, "configs/digits.yaml no longer has TimedCheckpoint(every_s: 60)"
-    path = Path(tempfile.gettempdir()) / f"digits-every-10-steps-{hashlib.sha1(text.encode()).hexdigest()[:12]}.yaml"
-    if not path.exists():
-        atomic_write_text(path, text)
-    return str(path)
-
+from helpers import CPU_DDP, FAST, every_10_steps, read_scalars, run_cli, run_dirs
 
 # 19 steps per epoch on one process, 9 on two; last.ckpt every 10 steps and at every epoch end.
 STEPS = every_10_steps()

@@ -1,0 +1,86 @@
+"""``parallel.tensor_parallel``: the digits MLP split over processes ends at the weights of one process.
+
+Real runs on CPU over gloo, shared by the tests: one process; tensor parallel 2 on 2 processes (dp 1 x tp 2);
+2-D on 4 processes (``scenario: fsdp``, dp 2 x tp 2); a tensor-parallel run killed at step 15 (its last.ckpt, a
+sharded folder, is of step 10) resumed as plain DDP on 2 processes (dp 2 x tp 1). All in float64
+(``parallel.precision: 64``): sums reordered by the split agree to 1e-9, so any real difference shows; and one
+float32 pair for the template's usual 1e-5 bound. No dropout or batch norm: one process and the splits compute
+the same.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import CPU_DDP, DIGITS, FAST, every_10_steps, run_cli, two_at_a_time
+
+FSDP = str(Path(CPU_DDP).with_name("cpu_fsdp.yaml"))
+SAME = [
+    "--config", FAST, "--model.init_args.net.init_args.dropout", "0", "--model.init_args.net.init_args.batch_norm",
+    "false", "--parallel.global_batch_size", "32", "--trainer.limit_val_batches", "1", "--test_after_fit", "false",
+    "--trainer.max_steps", "20",
+]  # fmt: skip
+F64 = ["--parallel.precision", "64"]
+TP2 = ["--config", CPU_DDP, "--parallel.tensor_parallel.size", "2"]
+RUN = Path("logs/digits/version_0")
+
+
+def fit(cwd: Path, *extra: str, config: str = DIGITS, killed: bool = False) -> Path:
+    """``fit`` of ``config`` in ``cwd``, asserting how it ended; its run folder."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    result = run_cli(["fit", "--config", config, *SAME, *extra], cwd)
+    assert (result.returncode != 0) == killed, result.stdout[-2000:] + result.stderr[-3000:]
+    return cwd / RUN
+
+
+def exported(run: Path) -> dict[str, torch.Tensor]:
+    """The run's exported weights (full tensors, gathered from the shards)."""
+    return torch.load(run / "export" / "model.pt", weights_only=True)
+
+
+def worst_relative(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest difference of any tensor, relative to that tensor's largest value."""
+    assert a.keys() == b.keys()
+    return max(((a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max()).item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tp")
+    kill = json.dumps({"class_path": "faults.KillAtStep", "init_args": {"step": 15, "rank": 1}})
+    one64, one32, tp64, tp32 = two_at_a_time(
+        lambda: fit(root / "one64", *F64),
+        lambda: fit(root / "one32"),
+        lambda: fit(root / "tp64", *TP2, *F64),
+        lambda: fit(root / "tp32", *TP2),
+    )
+    fit(root / "moved", *TP2, *F64, f"--trainer.callbacks+={kill}", config=every_10_steps(), killed=True)
+    moved = fit(root / "moved", "--config", CPU_DDP, *F64, "--resume", "auto", config=every_10_steps())
+    two_d = fit(root / "2d", "--config", FSDP, "--parallel.devices", "4", "--parallel.tensor_parallel.size", "2", *F64)
+    return {"one64": one64, "one32": one32, "tp64": tp64, "tp32": tp32, "moved": moved, "2d": two_d}
+
+
+def test_tensor_parallel_on_two_processes_ends_at_the_weights_of_one_process(runs):
+    plan = json.loads((runs["tp64"] / "plan.json").read_text())
+    assert plan["degrees"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 2}
+    assert plan["strategy"]["name"] == "tensor_parallel"
+    assert worst_relative(exported(runs["tp64"]), exported(runs["one64"])) < 1e-9
+    assert worst_relative(exported(runs["tp32"]), exported(runs["one32"])) < 1e-5
+    assert exported(runs["tp64"])["layers.0.weight"].dtype == torch.float64
+
+
+@pytest.mark.slow
+def test_fsdp_by_tensor_parallel_on_four_processes_ends_at_the_weights_of_one_process(runs):
+    plan = json.loads((runs["2d"] / "plan.json").read_text())
+    assert plan["degrees"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 2}
+    assert worst_relative(exported(runs["2d"]), exported(runs["one64"])) < 1e-9
+
+
+def test_a_tensor_parallel_checkpoint_resumes_as_data_parallel_at_the_same_weights(runs):
+    plan = json.loads((runs["moved"] / "plan.json").read_text())
+    assert plan["degrees"]["tp"] == 1 and plan["world_size"] == 2
+    assert worst_relative(exported(runs["moved"]), exported(runs["one64"])) < 1e-9
