@@ -1,11 +1,11 @@
 """``parallel.tensor_parallel``: the digits MLP split over processes ends at the weights of one process.
 
 Real runs on CPU over gloo, shared by the tests: one process; tensor parallel 2 on 2 processes (dp 1 x tp 2);
-2-D on 4 processes (``scenario: fsdp``, dp 2 x tp 2); a tensor-parallel run killed at step 15 (its last.ckpt, a
-sharded folder, is of step 10) resumed as plain DDP on 2 processes (dp 2 x tp 1). All in float64
+a tensor-parallel run killed at step 15 (its last.ckpt, a sharded folder, is of step 10) resumed as plain DDP on
+2 processes (dp 2 x tp 1), and a DDP run killed alike (a plain file) resumed as tensor parallel. All in float64
 (``parallel.precision: 64``): sums reordered by the split agree to 1e-9, so any real difference shows; and one
 float32 pair for the template's usual 1e-5 bound. No dropout or batch norm: one process and the splits compute
-the same.
+the same. 2-D (FSDP x TP on 4 processes) is checked on the GPT: test_gpt_tensor_parallel.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import torch
 
 from helpers import CPU_DDP, DIGITS, FAST, every_10_steps, run_cli, two_at_a_time
 
-FSDP = str(Path(CPU_DDP).with_name("cpu_fsdp.yaml"))
 SAME = [
     "--config", FAST, "--model.init_args.net.init_args.dropout", "0", "--model.init_args.net.init_args.batch_norm",
     "false", "--parallel.global_batch_size", "32", "--trainer.limit_val_batches", "1", "--test_after_fit", "false",
@@ -58,10 +57,16 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         lambda: fit(root / "tp64", *TP2, *F64),
         lambda: fit(root / "tp32", *TP2),
     )
-    fit(root / "moved", *TP2, *F64, f"--trainer.callbacks+={kill}", config=every_10_steps(), killed=True)
-    moved = fit(root / "moved", "--config", CPU_DDP, *F64, "--resume", "auto", config=every_10_steps())
-    two_d = fit(root / "2d", "--config", FSDP, "--parallel.devices", "4", "--parallel.tensor_parallel.size", "2", *F64)
-    return {"one64": one64, "one32": one32, "tp64": tp64, "tp32": tp32, "moved": moved, "2d": two_d}
+    steps, ddp = every_10_steps(), ["--config", CPU_DDP]
+    two_at_a_time(
+        lambda: fit(root / "to_ddp", *TP2, *F64, f"--trainer.callbacks+={kill}", config=steps, killed=True),
+        lambda: fit(root / "to_tp", *ddp, *F64, f"--trainer.callbacks+={kill}", config=steps, killed=True),
+    )
+    to_ddp, to_tp = two_at_a_time(
+        lambda: fit(root / "to_ddp", *ddp, *F64, "--resume", "auto", config=steps),
+        lambda: fit(root / "to_tp", *TP2, *F64, "--resume", "auto", config=steps),
+    )
+    return {"one64": one64, "one32": one32, "tp64": tp64, "tp32": tp32, "to_ddp": to_ddp, "to_tp": to_tp}
 
 
 def test_tensor_parallel_on_two_processes_ends_at_the_weights_of_one_process(runs):
@@ -73,14 +78,8 @@ def test_tensor_parallel_on_two_processes_ends_at_the_weights_of_one_process(run
     assert exported(runs["tp64"])["layers.0.weight"].dtype == torch.float64
 
 
-@pytest.mark.slow
-def test_fsdp_by_tensor_parallel_on_four_processes_ends_at_the_weights_of_one_process(runs):
-    plan = json.loads((runs["2d"] / "plan.json").read_text())
-    assert plan["degrees"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 2}
-    assert worst_relative(exported(runs["2d"]), exported(runs["one64"])) < 1e-9
-
-
-def test_a_tensor_parallel_checkpoint_resumes_as_data_parallel_at_the_same_weights(runs):
-    plan = json.loads((runs["moved"] / "plan.json").read_text())
-    assert plan["degrees"]["tp"] == 1 and plan["world_size"] == 2
-    assert worst_relative(exported(runs["moved"]), exported(runs["one64"])) < 1e-9
+@pytest.mark.parametrize(("run", "tp"), [("to_ddp", 1), ("to_tp", 2)])
+def test_a_checkpoint_resumes_on_the_other_layout_at_the_same_weights(runs, run, tp):
+    plan = json.loads((runs[run] / "plan.json").read_text())
+    assert plan["degrees"]["tp"] == tp and plan["world_size"] == 2
+    assert worst_relative(exported(runs[run]), exported(runs["one64"])) < 1e-9
