@@ -76,10 +76,14 @@ class SelfCheckCallback(L.Callback):
             report.failures.append(f"the all-reduce summed to {got:g}, not {expected:g}: the reduction is broken")
         report.barrier_wait_s = [float(w) for w in gather_objects(probes.barrier_wait(self.timeout_s))]
         report.bandwidth = probes.all_reduce_bandwidth(device)
-        report.weight_difference = [float(d) for d in gather_objects(invariance.weight_difference(device))]
+        mesh = getattr(trainer.strategy, "device_mesh", None)  # a model-parallel strategy's (dp, tp) mesh
+        tensor_mesh = mesh if mesh is not None and mesh["tensor_parallel"].size() > 1 else None
+        difference = invariance.weight_difference(device, tensor_mesh)
+        report.weight_difference = [float(d) for d in gather_objects(difference)]
+        report.parallel_weights = "TP" if tensor_mesh is not None else "DDP"
         report.failures += [
-            f"{report.places[rank].describe()}: DDP weights differ from one process's by {diff:.1e} "
-            f"(> {invariance.TOLERANCE:g})"
+            f"{report.places[rank].describe()}: {report.parallel_weights} weights differ from one process's by "
+            f"{diff:.1e} (> {invariance.TOLERANCE:g})"
             for rank, diff in enumerate(report.weight_difference)
             if diff > invariance.TOLERANCE
         ]

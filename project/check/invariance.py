@@ -51,20 +51,42 @@ def _train(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], d
         optimizer.step()
 
 
-def weight_difference(device: torch.device) -> float:
-    """Largest absolute difference between this rank's DDP weights and its one-process weights."""
+def weight_difference(device: torch.device, tensor_mesh: Any = None) -> float:
+    """Largest absolute difference between this rank's parallel weights and its one-process weights.
+
+    ``tensor_mesh`` (the strategy's 2-D device mesh when its tensor-parallel dimension is above 1): the tiny
+    model's Linear pair is split colwise/rowwise over that dimension, and the data-parallel dimension (if above 1)
+    is ``fully_shard``-ed, as the run's layout does; each data-parallel rank takes its share of the global batch.
+    """
     size = process_group_size()
-    rank = dist.get_rank() if size > 1 else 0
-    batches = _global_batches(size)
+    tp = tensor_mesh["tensor_parallel"].size() if tensor_mesh is not None else 1
+    dp_size, dp_rank = size // tp, (dist.get_rank() if size > 1 else 0) // tp
+    batches = _global_batches(dp_size)
     alone = _tiny_model().to(device)
     _train(alone, batches, device)
     if size == 1:
         return 0.0
     shared = _tiny_model().to(device)
-    wrapped = DistributedDataParallel(shared, device_ids=[device.index] if device.type == "cuda" else None)
-    share = slice(rank * SAMPLES_PER_RANK, (rank + 1) * SAMPLES_PER_RANK)
+    wrapped = _tensor_parallel(shared, tensor_mesh, dp_size) if tp > 1 else _ddp(shared, device)
+    share = slice(dp_rank * SAMPLES_PER_RANK, (dp_rank + 1) * SAMPLES_PER_RANK)
     _train(wrapped, [(inputs[share], targets[share]) for inputs, targets in batches], device)
-    return max(float((a - b).abs().max()) for a, b in zip(alone.parameters(), shared.parameters()))
+    full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in shared.parameters()]
+    return max(float((a - b).abs().max()) for a, b in zip(alone.parameters(), full))
+
+
+def _ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def _tensor_parallel(model: nn.Module, mesh: Any, dp_size: int) -> nn.Module:
+    """The tiny model split over the mesh's tensor-parallel dimension (and sharded over its data-parallel one)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    parallelize_module(model, mesh["tensor_parallel"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    if dp_size > 1:
+        fully_shard(model, mesh=mesh["data_parallel"])
+    return model
 
 
 def sampler_matches_one_process(sampler: Any, batches: int = 4) -> bool | None:

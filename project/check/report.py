@@ -26,6 +26,8 @@ class CheckReport:
     barrier_wait_s: list[float] = field(default_factory=list)
     bandwidth: list[Bandwidth] = field(default_factory=list)
     weight_difference: list[float] = field(default_factory=list)
+    #: What the invariance probe ran: DDP, or the tensor-parallel layout (TP).
+    parallel_weights: str = "DDP"
     sampling_ok: bool | None = None
     step_s: list[float] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
@@ -98,7 +100,7 @@ class CheckReport:
         if self.weight_difference:
             worst = max(self.weight_difference)
             verdict = "ok" if worst <= 1e-5 else "DIFFERENT"
-            rows.append(("DDP weights = 1-process weights", f"{verdict} (max |diff| {worst:.1e})"))
+            rows.append((f"{self.parallel_weights} weights = 1-process weights", f"{verdict} (max |diff| {worst:.1e})"))
         return rows + self._sampling()
 
     def _sampling(self) -> list[tuple[str, str]]:

@@ -56,6 +56,16 @@ def test_check_on_two_processes_with_lightnings_launcher(tmp_path):
     assert re.search(r"all-reduce 16 MiB\s*│\s*[\d,]+ us, bus [\d.]+ GB/s", result.stdout), result.stdout
 
 
+def test_check_runs_its_invariance_probe_under_the_tensor_parallel_layout(tmp_path):
+    tp = ["--parallel.tensor_parallel.size", "2", "--model.init_args.net.init_args.batch_norm", "false"]
+    result = run_cli([*CHECK, "--config", CPU_DDP, *tp, "--out", "check.json"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TP weights = 1-process weights" in result.stdout, result.stdout
+    report = read_check(tmp_path)
+    assert_passed(report, 2)
+    assert report["parallel_weights"] == "TP"
+
+
 def test_check_under_torchrun(tmp_path):
     launcher = [*TORCHRUN, "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "project"]
     result = run_cli([*CHECK, "--config", CPU_DDP], tmp_path, module=launcher)
