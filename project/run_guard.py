@@ -57,7 +57,9 @@ class RunDirectoryGuard:
         run_dir = reserved or Path(logger.log_dir)
         if reserved is None and run_dir.exists():  # a resumed run's (or a pinned version's): keep what is there
             held = sorted(p.relative_to(run_dir) for p in run_dir.iterdir())
-            if held and not continuing:
+            # Rank 0 alone decides: another rank lists the folders on its own, and may pick the version rank 0
+            # reserved a moment before (and finds rank 0's lock in it).
+            if held and not continuing and trainer.is_global_zero:
                 raise UserError(
                     f"the run directory {run_dir} already holds a run ({', '.join(map(str, held[:3]))}); a new run "
                     "never writes into it: drop the logger's `version` to start the next version, or continue "
