@@ -1,4 +1,4 @@
-"""`python -m project fit|validate|test|predict|plan|check|consolidate`."""
+"""`python -m project fit|validate|test|predict|plan|check|consolidate|sweep`."""
 
 import sys
 
@@ -9,6 +9,12 @@ if __name__ == "__main__":
     # A rank torchrun or Lightning's launcher started ends when its launcher dies (standard library only, first).
     die_with_launcher()
     answer_without_training_imports(sys.argv[1:])  # --help and unknown commands: no Lightning import
+    if sys.argv[1:2] == ["sweep"]:
+        # The sweep's driver only samples, starts trials (each a `fit` process) and reads results: no torch.
+        from project.sweep.driver import main as sweep
+
+        sweep(sys.argv[2:])
+        raise SystemExit(0)
     from project.cli import main
     from project.launch.early import ranks_started_at_once
 

@@ -50,6 +50,8 @@ from project.run_config import (
     wants_template_progress_bar,
 )
 from project.runs import run_of_config
+from project.tracking.attach import attach_tracking
+from project.tracking.config import TrackingConfig
 
 # LightningCLI warns when it is given args while sys.argv has some; main() passes what it parsed on purpose.
 warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
@@ -93,6 +95,12 @@ class ProjectCLI(LightningCLI):
             default=None,
             help="The seed's DP/DDP scenarios as one section; see configs/parallel/ and `plan`. "
             "null leaves the layout to the trainer settings (plain Lightning).",
+        )
+        parser.add_argument(
+            "--tracking",
+            type=TrackingConfig | None,
+            default=None,
+            help="Experiment tracking beside TensorBoard (fit); see configs/tracking/mlflow.yaml and docs/tracking.md.",
         )
         if self.command == "plan":
             parser.add_argument("--assume_gpus", type=int | None, default=None, help="Plan for a machine with N GPUs.")
@@ -231,5 +239,6 @@ class ProjectCLI(LightningCLI):
             kept = [self.loaders] if self.loaders is not None else []
             kwargs.update(check_trainer_kwargs(self.config, [*kept, *shaping]))
         trainer = super().instantiate_trainer(**kwargs)
+        attach_tracking(trainer, self.config.get("tracking"), self.chosen, self.command)  # fit: MLflow beside it
         skip_idle_batch_hooks(trainer.callbacks)  # Lightning's own defaults (summary, checkpoint) included
         return trainer

@@ -18,9 +18,10 @@ COMMANDS = {
     "plan": "resolve the parallel layout without training (--assume_gpus N, --json)",
     "check": "self-test the layout: ranks, collectives, bandwidth, invariance, step time (check.json)",
     "consolidate": "merge a sharded (fsdp) checkpoint folder into one plain file (CKPT_DIR [--out FILE])",
+    "sweep": "search hyperparameters on Optuna, each trial a fit (--sweep configs/sweeps/FILE.yaml)",
 }
 USAGE = (
-    "usage: python -m project {fit,validate,test,predict,plan,check,consolidate} --config FILE [options]\n\n"
+    "usage: python -m project {fit,validate,test,predict,plan,check,consolidate,sweep} --config FILE [options]\n\n"
     + "".join(f"  {name:<11} {what}\n" for name, what in COMMANDS.items())
 )
 

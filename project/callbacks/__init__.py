@@ -8,7 +8,8 @@ Two kinds, each installed one way:
   every rank's random state, the monitored-metric check, the unused-parameter check (DDP), the learning-rate
   scaling and warmup when the ``parallel`` section asks for them, straggler detection on several processes,
   :class:`PredictionsWriter` on ``predict`` unless the config lists a prediction writer, and
-  :class:`ProgressBar` unless the config names a progress bar or turns it off.
+  :class:`ProgressBar` unless the config names a progress bar or turns it off; in a trial of
+  ``python -m project sweep``, :class:`project.sweep.pruning.SweepTrialCallback`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from project.callbacks.run_record import RunRecordCallback
 from project.callbacks.stragglers import StragglerCallback
 from project.callbacks.timed_checkpoint import TimedCheckpoint
 from project.callbacks.unwrap import UnwrapEvalCallback
+from project.sweep.pruning import sweep_trial_callbacks
 
 __all__ = [
     "BarrierCallback",
@@ -80,4 +82,5 @@ def template_callbacks(
     own += [stragglers] if stragglers is not None else []
     own += [PredictionsWriter()] if predictions else []
     own += [stop] if stop is not None else []
+    own += sweep_trial_callbacks()  # a trial of `python -m project sweep` (its environment says so): report, prune
     return [*own, ProgressBar()] if progress_bar else own

@@ -19,7 +19,8 @@ PACKAGE = ROOT / "project"
 #: Bottom to top; a module may import from its own floor and the floors below. Longest prefix wins.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("project.errors", "project.config_errors", "project.data", "project.dotted"),
-    ("project.plan",),
+    # The sweep's space file and its driver/trial contract: pure, read by both sides of the process boundary.
+    ("project.plan", "project.sweep.space", "project.sweep.contract"),
     ("project.launch", "project.commands"),
     ("project.lightning_private", "project.runs", "project.run_guard", "project.run_lock"),
     ("project.checkpoints",),
@@ -32,11 +33,13 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "project.consolidate",
         "project.models",
     ),
-    ("project.callbacks",),
+    ("project.callbacks", "project.sweep.pruning"),
+    ("project.tracking",),
     ("project.check",),
     ("project.run_config",),
     ("project.build",),
-    ("project.plan_command",),
+    # The sweep's driver starts `fit` processes; it imports nothing that trains (no torch, no Lightning).
+    ("project.plan_command", "project.sweep"),
     ("project.cli",),
     ("project.__main__",),
 )
