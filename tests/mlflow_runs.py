@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import tempfile
 from pathlib import Path
 
 from mlflow import MlflowClient
 from mlflow.entities import Run, ViewType
 
-from project.checkpoints.atomic import atomic_write_text
-
-from helpers import DIGITS, REPO
+from helpers import REPO
 
 MLFLOW = str(REPO / "configs" / "tracking" / "mlflow.yaml")
-
-
-def every_10_steps() -> str:
-    """``configs/digits.yaml`` whose ``last.ckpt`` is also saved every 10 steps: a kill at step 15 resumes from 10."""
-    text = Path(DIGITS).read_text().replace("every_s: 60\n", "every_s: 60\n        every_n_steps: 10\n")
-    assert "every_n_steps: 10" in text, "configs/digits.yaml no longer has TimedCheckpoint(every_s: 60)"
-    path = Path(tempfile.gettempdir()) / f"digits-every-10-steps-{hashlib.sha1(text.encode()).hexdigest()[:12]}.yaml"
-    if not path.exists():
-        atomic_write_text(path, text)
-    return str(path)
 
 
 def callback(class_path: str, **init_args: object) -> str:

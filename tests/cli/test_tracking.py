@@ -17,11 +17,10 @@ from mlflow_runs import (
     assert_each_step_once,
     callback,
     default_store,
-    every_10_steps,
     histories,
 )
 
-from helpers import FAST, assert_clean_error, free_port, read_scalars, run_cli, two_at_a_time
+from helpers import FAST, assert_clean_error, every_10_steps, free_port, read_scalars, run_cli, two_at_a_time
 
 RUN = Path("logs/digits/version_0")
 FIT = [

@@ -18,11 +18,10 @@ from mlflow_runs import (
     assert_each_step_once,
     callback,
     default_store,
-    every_10_steps,
     histories,
 )
 
-from helpers import CPU_DDP, FAST, read_scalars, run_cli
+from helpers import CPU_DDP, FAST, every_10_steps, read_scalars, run_cli
 
 RUN = Path("logs/digits/version_0")
 SHORT = [
