@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
         "--startup", action="store_true", help="only start-up: 1, 2, 4 processes to the first step, and the commands"
     )
     parser.add_argument(
+        "--chargpt", action="store_true", help="only the character-level GPT's rows (results/chargpt/); with tokens/s"
+    )
+    parser.add_argument(
         "--processes",
         type=lambda text: {int(n) for n in text.split(",")},
         default=None,
@@ -42,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     default_out = {"quick": RESULTS / "tmp" / "quick", "startup": RESULTS / "startup", "full": RESULTS}[mode]
     if args.processes and mode == "full":  # a subset never replaces the full run's results
         default_out = RESULTS / ("processes-" + "-".join(map(str, sorted(args.processes))))
+    if args.chargpt and mode == "full":
+        default_out = RESULTS / "chargpt"
     out = (args.out or default_out).resolve()
     work = (args.work or RESULTS / "tmp" / mode).resolve()
     repeats = args.repeats or (1 if args.quick else 3)
@@ -54,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if not has_gpu:
             gpu_note = f"skipped: {gpu_note}"
         print(f"bench ({mode}): {repeats} repeat(s); GPU row: {gpu_note}", flush=True)
-        found = rows(args.quick, has_gpu and not args.startup, args.ablate, args.startup)
+        found = rows(args.quick, has_gpu and not args.startup, args.ablate, args.startup, args.chargpt)
         found = [row for row in found if not args.processes or row.processes in args.processes]
         results = run_all(found, repeats, work, args.threads, args.quick, log=lambda line: print(line, flush=True))
         info = machine()

@@ -44,8 +44,11 @@ def prepare_data(workload: Workload, directory: Path) -> Path:
         module, _, name = workload.data_class.rpartition(".")
         data = getattr(importlib.import_module(module), name)(**workload.data_args())
         data.setup("fit")
-        x, y = data.train_set.tensors
-        torch.save({"x": x.contiguous(), "y": y.contiguous()}, path)
+        if workload.block_size:  # the language model's training text, which raw and plain cut into windows alike
+            torch.save({"tokens": data.train_set.tokens.contiguous()}, path)
+        else:
+            x, y = data.train_set.tensors
+            torch.save({"x": x.contiguous(), "y": y.contiguous()}, path)
     return path
 
 

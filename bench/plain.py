@@ -20,9 +20,10 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
-from bench.raw import network
+from bench import chargpt
+from bench.raw import network, optimizer_of, training_set
 from bench.timing import StepTimer
 from project.parallel.samplers import GlobalBatchSampler
 from project.parallel.strategies import ddp_buffer_kwargs
@@ -31,10 +32,12 @@ from project.parallel.strategies import ddp_buffer_kwargs
 class PlainModule(L.LightningModule):
     """What a user writes first: forward, loss, one ``self.log``, an optimizer."""
 
-    def __init__(self, net: torch.nn.Module, loss_fn: Any, lr: float, momentum: float, log: bool = True) -> None:
+    def __init__(
+        self, net: torch.nn.Module, loss_fn: Any, lr: float, momentum: float, log: bool = True, optimizer: str = "sgd"
+    ) -> None:
         super().__init__()
         self.net, self.loss_fn = net, loss_fn
-        self.lr, self.momentum, self.log_loss = lr, momentum, log
+        self.lr, self.momentum, self.log_loss, self.optimizer = lr, momentum, log, optimizer
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -44,27 +47,32 @@ class PlainModule(L.LightningModule):
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+        return optimizer_of(self.optimizer, self.parameters(), self.lr, self.momentum)
 
 
 class PlainData(L.LightningDataModule):
     """The bench tensors in the template's world-size-invariant order (a DistributedSampler, so kept as is)."""
 
-    def __init__(self, dataset: TensorDataset, batch_size: int, seed: int, pin_memory: bool) -> None:
+    def __init__(self, dataset: Dataset, batch_size: int, seed: int, pin_memory: bool, collate: Any = None) -> None:
         super().__init__()
         self.dataset, self.batch_size, self.seed, self.pin_memory = dataset, batch_size, seed, pin_memory
+        self.collate = collate
 
     def train_dataloader(self) -> DataLoader:
         dataset = self.dataset
         world, rank = self.trainer.world_size, self.trainer.global_rank
         sampler = GlobalBatchSampler(dataset, self.batch_size, num_replicas=world, rank=rank, seed=self.seed)
-        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, pin_memory=self.pin_memory)
+        return DataLoader(
+            dataset, batch_size=self.batch_size, sampler=sampler, pin_memory=self.pin_memory, collate_fn=self.collate
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Plain Lightning with Trainer defaults.")
     parser.add_argument("--data", required=True)
-    parser.add_argument("--task", choices=("classification", "regression"), default="classification")
+    parser.add_argument("--task", choices=("classification", "regression", chargpt.TASK), default="classification")
+    parser.add_argument("--block-size", type=int, default=0)
+    parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=2000)
@@ -80,10 +88,10 @@ def main() -> None:
 
     tensors = torch.load(args.data, weights_only=True)
     torch.manual_seed(args.seed)
-    net, loss_fn = network(args.task, tensors["x"].shape[1], args.hidden)
-    model = PlainModule(net, loss_fn, args.lr, args.momentum, log=not args.bare)
-    dataset = TensorDataset(tensors["x"], tensors["y"])
-    data = PlainData(dataset, args.batch_size, args.data_seed, pin_memory=args.accelerator == "gpu")
+    net, loss_fn = network(args.task, tensors["x"].shape[1] if "x" in tensors else 0, args.hidden, args.block_size)
+    model = PlainModule(net, loss_fn, args.lr, args.momentum, log=not args.bare, optimizer=args.optimizer)
+    dataset, collate = training_set(args.task, tensors, args.block_size)
+    data = PlainData(dataset, args.batch_size, args.data_seed, pin_memory=args.accelerator == "gpu", collate=collate)
     strategy: str | DDPStrategy = "auto"
     if args.bare and args.devices > 1:
         # The floor measures Lightning's loop, not a DDP flag: the raw script's broadcast_buffers=False.

@@ -3,8 +3,9 @@
     python bench/raw.py --data train.pt --steps 2000                           # one process
     torchrun --standalone --nproc-per-node 2 bench/raw.py --data train.pt ...   # DDP, gloo on CPU
 
-It trains the template's own network (``DigitsNet`` with cross-entropy, or ``--task regression``: ``MLP``
-with MSE) on the same tensors in the same order as the template (``GlobalBatchSampler`` is a
+It trains the template's own network (``DigitsNet`` with cross-entropy, ``--task regression``: ``MLP``
+with MSE, ``--task chargpt``: the GPT on windows of the help text, see ``bench/chargpt.py``) on the same
+tensors in the same order as the template (``GlobalBatchSampler`` is a
 ``DistributedSampler`` whose global batches do not depend on the world size), so its final loss can be
 compared with the Lightning runs. No Lightning import.
 """
@@ -23,6 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 # Run as a script (`python bench/raw.py`, as torchrun does): make the repository importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import chargpt
 from bench.record import StepClock, weights_checksum, write_record
 from project.models.digits_net import DigitsNet
 from project.models.mlp import MLP
@@ -36,18 +38,36 @@ def synchronize():
     dist.barrier()
 
 
-def network(task, in_features, hidden):
-    """The network and loss of the task: what the template's Classifier or Regressor computes."""
+def network(task, in_features, hidden, block_size=0):
+    """The network and loss of the task: what the template's Classifier, Regressor or LanguageModel computes."""
+    if task == chargpt.TASK:
+        return chargpt.network(hidden, block_size)
     if task == "regression":
         return MLP(in_features, hidden, out_features=1, depth=2), lambda out, y: F.mse_loss(out.squeeze(-1), y)
     return DigitsNet(in_features=in_features, hidden=hidden, dropout=0.0, batch_norm=True), F.cross_entropy
 
 
+def training_set(task, data, block_size):
+    """The dataset of the harness's file and its collate_fn: tensors {x, y}, or the GPT's text {tokens}."""
+    if task == chargpt.TASK:
+        return chargpt.windows(data["tokens"], block_size)
+    return TensorDataset(data["x"], data["y"]), None
+
+
+def optimizer_of(name, parameters, lr, momentum):
+    """SGD with momentum, or AdamW with its defaults but the learning rate."""
+    if name == "adamw":
+        return torch.optim.AdamW(parameters, lr=lr)
+    return torch.optim.SGD(parameters, lr=lr, momentum=momentum)
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description="Raw PyTorch training loop (the seed's recipe).")
     parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
-    parser.add_argument("--data", required=True, help="torch.save'd {'x', 'y'} training tensors")
-    parser.add_argument("--task", choices=("classification", "regression"), default="classification")
+    parser.add_argument("--data", required=True, help="torch.save'd {'x', 'y'} training tensors ({'tokens'}: chargpt)")
+    parser.add_argument("--task", choices=("classification", "regression", chargpt.TASK), default="classification")
+    parser.add_argument("--block-size", type=int, default=0, help="characters per sample (chargpt)")
+    parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32, help="per process")
     parser.add_argument("--steps", type=int, default=2000)
@@ -75,12 +95,12 @@ def main():
     rank = dist.get_rank() if is_distributed else 0
 
     data = torch.load(args.data, weights_only=True)
-    dataset = TensorDataset(data["x"], data["y"])
+    dataset, collate = training_set(args.task, data, args.block_size)
     sampler = GlobalBatchSampler(dataset, args.batch_size, num_replicas=num_procs, rank=rank, seed=args.data_seed)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, pin_memory=device.type == "cuda")
+    loader = DataLoader(dataset, args.batch_size, sampler=sampler, pin_memory=device.type == "cuda", collate_fn=collate)
 
     torch.manual_seed(args.seed)
-    model, loss_fn = network(args.task, data["x"].shape[1], args.hidden)
+    model, loss_fn = network(args.task, data["x"].shape[1] if "x" in data else 0, args.hidden, args.block_size)
     model = model.to(device)
     if is_distributed:
         ids = [args.local_rank] if device.type == "cuda" else None
@@ -88,7 +108,7 @@ def main():
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=ids, output_device=ids[0] if ids else None, broadcast_buffers=False
         )
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    optimizer = optimizer_of(args.optimizer, model.parameters(), args.lr, args.momentum)
 
     clock = StepClock(args.warmup, args.steps, torch.cuda.synchronize if device.type == "cuda" else None)
     mixed = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()

@@ -11,10 +11,13 @@ from typing import Any
 from bench.commands import LABELS, PER_STEP_CALLBACKS, VARIANTS
 from bench.harness import LatencyResult, RowResult, Run
 from bench.record import WINDOW_STEPS
+from bench.tokens import tokens_table
 from bench.workloads import STARTUP_SLACK_S, TARGETS, Row, Workload
 
 
 def _num(value: float | None, digits: int = 0) -> str:
+    if value is not None and digits == 0 and abs(value) < 10:
+        digits = 2  # a few steps/s (the GPT): whole numbers would hide the differences
     return "—" if value is None else f"{value:,.{digits}f}"
 
 
@@ -253,8 +256,8 @@ def markdown(results: dict[str, Any], machine: dict[str, Any], gpu_note: str, qu
         "--bare` (`Trainer(barebones=True)` without `self.log`: Lightning's loop alone; nothing on "
         "`Trainer.fit` can be faster); *plain Lightning* is `bench/plain.py`, Trainer defaults and one `self.log` "
         "per step; *template* is `python -m project fit --config configs/digits.yaml` (`configs/diabetes.yaml` for "
-        "the regression; + `configs/parallel/cpu_ddp.yaml` for several processes) with the workload's model, data, "
-        "optimizer and steps layered on top.",
+        "the regression, `configs/chargpt.yaml` for the GPT; + `configs/parallel/cpu_ddp.yaml` for several "
+        "processes) with the workload's model, data, optimizer and steps layered on top.",
         "",
         "## Throughput",
         "",
@@ -262,6 +265,7 @@ def markdown(results: dict[str, Any], machine: dict[str, Any], gpu_note: str, qu
         "",
         f"GPU row: {gpu_note}",
         "",
+        *tokens_table(rows),
         *ablation_table(rows),
         "## Scaling on CPU",
         "",

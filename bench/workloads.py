@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bench import chargpt
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -19,20 +21,23 @@ class Workload:
         name: Short name used in file names.
         title: What the table calls it.
         hidden: Width of the two hidden layers: DigitsNet's (each followed by BatchNorm, no dropout) for
-            ``classification``, ``project.models.mlp.MLP``'s for ``regression``.
+            ``classification``, ``project.models.mlp.MLP``'s for ``regression``; the GPT's ``n_embd`` for ``chargpt``.
         batch_size: Samples per step per process.
         steps: Optimizer steps per run.
         warmup: Steps left out of the throughput.
-        lr: SGD learning rate.
-        momentum: SGD momentum.
+        lr: Learning rate.
+        momentum: SGD momentum (not used by AdamW).
         in_features: Width of the synthetic samples.
         num_classes: Number of synthetic classes (classification).
         seed: Seed of the model initialisation (``seed_everything`` in the template).
         data_seed: Seed of the synthetic data and of the shuffling.
         eval_fraction: Share of the data held out for validation, and again for the test.
         max_processes: The most processes any row runs it with (sizes the data set to one epoch).
-        task: ``classification`` (``Classifier``, cross-entropy, ``configs/digits.yaml``) or ``regression``
-            (``Regressor``, MSE, a plain datamodule, ``configs/diabetes.yaml``).
+        task: ``classification`` (``Classifier``, cross-entropy, ``configs/digits.yaml``), ``regression``
+            (``Regressor``, MSE, a plain datamodule, ``configs/diabetes.yaml``) or ``chargpt`` (``LanguageModel``
+            around a 4-layer GPT on Python's help text, ``configs/chargpt.yaml``; :mod:`bench.chargpt`).
+        block_size: Characters per sample (``chargpt``); 0 for the MLPs.
+        optimizer: ``sgd`` (with ``momentum``) or ``adamw`` (its defaults but ``lr``).
     """
 
     name: str
@@ -50,6 +55,8 @@ class Workload:
     eval_fraction: float = 0.01
     max_processes: int = 2
     task: str = "classification"
+    block_size: int = 0
+    optimizer: str = "sgd"
 
     @property
     def num_samples(self) -> int:
@@ -60,10 +67,14 @@ class Workload:
     @property
     def base_config(self) -> str:
         """The template's own config for the task, which the workload is layered over (relative to the repo)."""
+        if self.task == chargpt.TASK:
+            return chargpt.BASE_CONFIG
         return "configs/diabetes.yaml" if self.task == "regression" else "configs/digits.yaml"
 
     def net_args(self) -> dict[str, Any]:
-        """The network's init_args: DigitsNet's, or MLP's for regression."""
+        """The network's init_args: DigitsNet's, MLP's for regression, the GPT's for chargpt."""
+        if self.task == chargpt.TASK:
+            return chargpt.net_args(self)
         if self.task == "regression":
             return {"in_features": self.in_features, "hidden": self.hidden, "out_features": 1, "depth": 2}
         return {
@@ -77,12 +88,16 @@ class Workload:
     @property
     def data_class(self) -> str:
         """The datamodule's class path."""
+        if self.task == chargpt.TASK:
+            return chargpt.DATA_CLASS
         if self.task == "regression":
             return "bench.regression.SyntheticRegression"
         return "project.data.synthetic.SyntheticDataModule"
 
     def data_args(self) -> dict[str, Any]:
         """The datamodule's init_args."""
+        if self.task == chargpt.TASK:
+            return chargpt.data_args(self)
         if self.task == "regression":
             return {
                 "num_samples": self.num_samples,
@@ -103,7 +118,9 @@ class Workload:
 
     def template_config(self) -> dict[str, Any]:
         """The config layered over :attr:`base_config`: this workload's net, data, optimizer and steps."""
-        if self.task == "regression":
+        if self.task == chargpt.TASK:
+            model = chargpt.model_config(self)
+        elif self.task == "regression":
             net = {"class_path": "project.models.mlp.MLP", "init_args": self.net_args()}
             model = {"class_path": "project.models.regressor.Regressor", "init_args": {"model": net}}
         else:
@@ -116,13 +133,17 @@ class Workload:
             "seed_everything": self.seed,
             "model": model,
             "data": {"class_path": self.data_class, "init_args": self.data_args()},
-            "optimizer": {
-                "class_path": "torch.optim.SGD",
-                "init_args": {"lr": self.lr, "momentum": self.momentum, "weight_decay": 0.0},
-            },
+            "optimizer": self._optimizer_config(),
             "lr_scheduler": None,
-            "trainer": {"max_steps": self.steps},
+            # The language model validates once, after the last measured step (the MLPs' one epoch does the same).
+            "trainer": {"max_steps": self.steps, **({"val_check_interval": self.steps} if self.block_size else {})},
         }
+
+    def _optimizer_config(self) -> dict[str, Any]:
+        if self.optimizer == "adamw":
+            return {"class_path": "torch.optim.AdamW", "init_args": {"lr": self.lr}}
+        sgd = {"lr": self.lr, "momentum": self.momentum, "weight_decay": 0.0}
+        return {"class_path": "torch.optim.SGD", "init_args": sgd}
 
     def script_args(self) -> list[str]:
         """Arguments shared by ``bench/raw.py`` and ``bench/plain.py`` (``--data`` comes from the harness)."""
@@ -135,6 +156,8 @@ class Workload:
             "--momentum", str(self.momentum),
             "--seed", str(self.seed),
             "--data-seed", str(self.data_seed),
+            "--optimizer", self.optimizer,
+            "--block-size", str(self.block_size),
         ]  # fmt: skip
 
 
@@ -177,11 +200,18 @@ QUICK_REGRESSION = replace(REGRESSION, steps=60, warmup=10)
 GPU = replace(MID, name="gpu", steps=600, warmup=100, max_processes=1)
 
 
+#: ``--chargpt``: the character-level GPT of configs/chargpt.yaml (AdamW at its rate); the table adds tokens/s.
+CHARGPT = Workload(
+    "chargpt", "char GPT 4x128 (0.83 M), 32 x 128 tokens", hidden=128, batch_size=32, steps=150, warmup=25,
+    lr=1e-3, task=chargpt.TASK, block_size=128, optimizer="adamw",
+)  # fmt: skip
+QUICK_CHARGPT = replace(CHARGPT, title="char GPT 4x32, 8 x 32 tokens", hidden=32, batch_size=8, block_size=32, steps=30)
+
 #: ``--startup``: the small MLP on 1, 2 and 4 processes, few steps: command to first step is what is measured.
 STARTUP = replace(SMALL, name="startup", steps=120, warmup=20, max_processes=4)
 
 
-def rows(quick: bool, gpu: bool, ablate: bool = False, startup: bool = False) -> list[Row]:
+def rows(quick: bool, gpu: bool, ablate: bool = False, startup: bool = False, gpt: bool = False) -> list[Row]:
     """The throughput rows of a run.
 
     Args:
@@ -190,11 +220,17 @@ def rows(quick: bool, gpu: bool, ablate: bool = False, startup: bool = False) ->
         ablate: Also run the template without the callbacks that act on every step, and once with its
             per-step hooks timed.
         startup: Only the start-up rows (1, 2 and 4 processes, raw, plain and template, few steps).
+        gpt: Only the character-level GPT's rows (1 process every way, 2 processes raw and template).
     """
     if startup:
         return [Row(STARTUP, n, variants=("raw", "plain", "template")) for n in (1, 2, 4)]
     if ablate:
-        return [replace(row, variants=(*row.variants, "lean", "hooks")) for row in rows(quick, gpu)]
+        return [replace(row, variants=(*row.variants, "lean", "hooks")) for row in rows(quick, gpu, gpt=gpt)]
+    if gpt:
+        workload = QUICK_CHARGPT if quick else CHARGPT
+        found = [Row(workload, 1, variants=("raw", "plain", "template") if quick else Row.variants)]
+        found.append(Row(workload, 2, variants=("raw", "template")))
+        return found + ([Row(workload, 1, "gpu")] if gpu and not quick else [])
     if quick:
         return [
             Row(QUICK_SMALL, 1, variants=("raw", "plain", "template")),

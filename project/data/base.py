@@ -81,11 +81,13 @@ class TensorDataModule(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not build the {name} set")
         batched = type(dataset) is TensorDataset  # a subclass may change what one sample is
+        # A dataset that gathers a batch itself (``returns_batches``, e.g. chartext.TextWindows) is not collated again.
+        collates_itself = batched or getattr(dataset, "returns_batches", False)
         return DataLoader(
             TensorBatches(dataset) if batched else dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
-            collate_fn=collated if batched else None,
+            collate_fn=collated if collates_itself else None,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers,
