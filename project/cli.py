@@ -26,7 +26,7 @@ from project.build import ProjectCLI
 from project.checkpoints.diff import diff_state_dicts
 from project.checkpoints.io import AtomicCheckpointIO
 from project.checkpoints.loading import pickle_allowed
-from project.checkpoints.resume import NO_CHECKPOINT, Chosen
+from project.checkpoints.resume import NO_CHECKPOINT, Chosen, remove_partial_writes
 from project.commands import split_command
 from project.config_errors import check_config_files
 from project.consolidate import consolidate
@@ -165,6 +165,7 @@ def run_command(command: str, cli: ProjectCLI) -> None:
     guard = RunDirectoryGuard.of(trainer, continuing=command == "fit" and cli.chosen is not None)
     # One training per run directory: a second fit there is refused, in one line naming the one training there.
     lock = TrainingLock.take(guard.run_dir, hold=command == "fit" and trainer.is_global_zero)
+    remove_partial_writes(cli.chosen)  # a killed save's leftovers, now that no other training writes there
     try:
         if command == "check":
             trainer.fit(model, datamodule=data)

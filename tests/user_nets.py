@@ -79,3 +79,38 @@ class GatedClassifier(SequentialClassifier):
     def build(self, hidden: int) -> nn.Module:
         """The network."""
         return GatedNet(hidden)
+
+
+class TwoLayerNet(nn.Module):
+    """Two Linear layers called in ``forward`` (no ``nn.Sequential``): ``auto`` cannot tell they pair up."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.body = nn.Linear(64, hidden)
+        self.head = nn.Linear(hidden, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits."""
+        return self.head(torch.relu(self.body(x)))
+
+
+class PatternClassifier(SequentialClassifier):
+    """A network a plan of name patterns splits (``net.body`` colwise, ``net.head`` rowwise)."""
+
+    def build(self, hidden: int) -> nn.Module:
+        """The network."""
+        return TwoLayerNet(hidden)
+
+
+class SplitsItself(SequentialClassifier):
+    """A module that splits its own network when handed the tensor-parallel mesh (``parallelize(mesh)``)."""
+
+    def build(self, hidden: int) -> nn.Module:
+        """The network."""
+        return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+    def parallelize(self, mesh) -> None:
+        """Column-split the first Linear and row-split the second over ``mesh``."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        parallelize_module(self.net, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})

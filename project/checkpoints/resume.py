@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,8 @@ class Chosen:
 
     path: str
     checkpoint: dict[str, Any] | None = None
+    #: ``fit`` continues the run this checkpoint belongs to (``--resume auto``, ``--ckpt_path last``).
+    continues: bool = False
 
     def describe(self) -> str:
         """``epoch E, step S`` of a training checkpoint."""
@@ -155,10 +157,14 @@ def _continue_in(trainer: Namespace, run: Path) -> None:
     logger.init_args.version = run.name
 
 
-def _remove_partial_writes(checkpoints: Path) -> None:
-    """Delete what a process killed during an atomic save left behind (hidden ``.*.tmp`` files)."""
-    if rank_zero_only.rank == 0:
-        remove_partial(checkpoints)  # files and sharded (FSDP) folders
+def remove_partial_writes(chosen: Chosen | None) -> None:
+    """Delete a killed save's leftovers (hidden ``.*.tmp`` files) where a ``fit`` continues its run (rank 0).
+
+    Called only once this run holds the run directory's lock (:class:`project.run_lock.TrainingLock`): before
+    that, another training may still be writing there, and its write in progress is not a leftover.
+    """
+    if chosen is not None and chosen.continues and rank_zero_only.rank == 0:
+        remove_partial(Path(chosen.path).parent)  # files and sharded (FSDP) folders
 
 
 def choose_checkpoint(
@@ -204,7 +210,7 @@ def choose_checkpoint(
         path = Path(found.path)
         run = path.parent.parent
         _continue_in(trainer, run)
-        _remove_partial_writes(path.parent)
+        found = replace(found, continues=True)
         # Lightning warns about a non-empty checkpoint folder; continuing in it is the point here.
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         _say(f"Resuming from {path} ({found.describe()}); the run continues in {run}")

@@ -88,6 +88,8 @@ class FullyShardStrategy(ModelParallelStrategy):
         self.wrap_modules = wrap_modules
         self.degrees = (data_parallel, tensor_parallel)
         self.tensor_plan = tensor_plan
+        #: What the tensor plan split (module name -> style), once applied: plan.json records it.
+        self.tensor_styles: dict[str, str] = {}
         self._shard_mesh: DeviceMesh | None = None
         self._gathered_for_evaluation: list[Any] = []
         self._before_sharding: dict[str, nn.Parameter] = {}
@@ -127,8 +129,8 @@ class FullyShardStrategy(ModelParallelStrategy):
             broadcast_from_rank0(module, self.root_device)
             data_parallel, tensor_parallel = self.degrees
             if tensor_parallel > 1:  # split the layers first; fully_shard then shards the split parameters (2-D)
-                styles = resolve_tensor_plan(module, self.tensor_plan, tensor_parallel)
-                apply_tensor_parallel(module, self.device_mesh["tensor_parallel"], styles)
+                self.tensor_styles = resolve_tensor_plan(module, self.tensor_plan, tensor_parallel)
+                apply_tensor_parallel(module, self.device_mesh["tensor_parallel"], self.tensor_styles)
             if tensor_parallel == 1 or (data_parallel or 1) > 1:
                 classes = resolve_wrap_classes(module, self.wrap_modules)
                 shard_module(module, self._shard_mesh, self.sharding, self.cpu_offload, classes)

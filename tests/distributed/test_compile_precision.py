@@ -49,7 +49,7 @@ def test_the_plan_owns_the_trainers_precision_and_shows_compile():
     [
         ({"precision": "16-mixed"}, ("precision='16-mixed'", "needs GPUs", "bf16-mixed")),
         ({"precision": "16-mixed", "scenario": "cpu", "devices": 2}, ("precision='16-mixed'", "needs GPUs")),
-        ({"precision": "64"}, ("precision='64'", "32, bf16-mixed, 16-mixed")),
+        ({"precision": "8"}, ("precision='8'", "32, 64, bf16-mixed, 16-mixed")),
     ],
 )
 def test_precision_the_hardware_cannot_run_is_refused(fields, words):

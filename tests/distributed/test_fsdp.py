@@ -28,7 +28,7 @@ from jsonargparse import Namespace
 from torch import nn
 
 from project.checkpoints import sharded, sharded_merge, sharded_save
-from project.checkpoints.resume import RunName, choose_checkpoint, find_resume_checkpoint
+from project.checkpoints.resume import RunName, choose_checkpoint, find_resume_checkpoint, remove_partial_writes
 from project.consolidate import consolidate
 from project.errors import UserError
 from project.models.classifier import Classifier
@@ -267,7 +267,9 @@ def test_a_half_written_sharded_checkpoint_is_never_chosen(tmp_path, capsys):
     assert f"skipping checkpoint {checkpoints / 'other.ckpt'}" in capsys.readouterr().err
     trainer = Namespace(logger=Namespace(init_args=Namespace(save_dir=str(tmp_path / "logs"), name="toy")))
     chosen = choose_checkpoint("fit", None, "auto", trainer)
-    assert chosen is not None and chosen.path == str(checkpoints / "last.ckpt")
+    assert chosen is not None and chosen.path == str(checkpoints / "last.ckpt") and chosen.continues
+    assert list(checkpoints.glob(".*")), "nothing is removed before the run holds its lock (cli.run_command)"
+    remove_partial_writes(chosen)
     assert not list(checkpoints.glob(".*")), "the hidden partial folder is removed when the run resumes"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import CPU_DDP, DIGITS, FAST, every_10_steps, run_cli, two_at_a_time
+from helpers import CPU_DDP, DIGITS, FAST, assert_clean_error, every_10_steps, run_cli, run_dirs, two_at_a_time
 
 SAME = [
     "--config", FAST, "--model.init_args.net.init_args.dropout", "0", "--model.init_args.net.init_args.batch_norm",
@@ -83,3 +83,35 @@ def test_a_checkpoint_resumes_on_the_other_layout_at_the_same_weights(runs, run,
     plan = json.loads((runs[run] / "plan.json").read_text())
     assert plan["degrees"]["tp"] == tp and plan["world_size"] == 2
     assert worst_relative(exported(runs[run]), exported(runs["one64"])) < 1e-9
+
+
+def test_user_modules_split_by_their_own_plan_or_their_own_parallelize_method(tmp_path):
+    """A network ``auto`` cannot read, split by name patterns; one that splits itself. Both train through the CLI."""
+    base = ["fit", "--config", DIGITS, "--config", FAST, "--config", CPU_DDP, "--trainer.max_steps", "4"]
+    base += ["--parallel.tensor_parallel.size", "2", "--test_after_fit", "false", "--trainer.limit_val_batches", "1"]
+    plans = {
+        "PatternClassifier": ["--parallel.tensor_parallel.plan", '{"net.body": colwise, "net.head": rowwise}'],
+        "SplitsItself": [],
+    }
+
+    def fit(name: str):
+        (tmp_path / name).mkdir()
+        return run_cli([*base, "--model", f"user_nets.{name}", *plans[name]], tmp_path / name)
+
+    for name, result in zip(plans, two_at_a_time(*(lambda n=n: fit(n) for n in plans))):
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        (run,) = run_dirs(tmp_path / name)
+        modules = json.loads((run / "plan.json").read_text())["runtime"]["tensor_parallel"]
+        expected = (
+            {"net.body": "colwise", "net.head": "rowwise"} if name == "PatternClassifier" else {"": "parallelize(mesh)"}
+        )
+        assert modules == expected
+        assert (run / "export" / "model.pt").is_file()
+
+
+def test_a_plan_that_cannot_apply_is_one_line_from_the_cli(tmp_path):
+    base = ["--config", DIGITS, "--config", CPU_DDP, "--parallel.tensor_parallel.size", "2"]
+    nothing = run_cli(["plan", *base, "--parallel.tensor_parallel.plan", '{"net.nope*": colwise}'], tmp_path)
+    assert_clean_error(nothing, "matches no module")
+    uneven = run_cli(["plan", *base, "--parallel.tensor_parallel.size", "3"], tmp_path)
+    assert_clean_error(uneven, "does not divide the world size 2")
