@@ -41,7 +41,9 @@ def test_two_processes_killed_then_resumed_on_one_and_on_two_stay_one_mlflow_run
     uri = default_store(tmp_path)
     killed = fit(tmp_path, 2, callback("faults.KillAtStep", step=15, rank=1))
     assert killed.returncode != 0
-    (first,) = all_runs(uri)
+    runs = all_runs(uri)
+    assert len(runs) == 1, killed.stdout[-2000:] + killed.stderr[-4000:]
+    (first,) = runs
     assert max(step for step, _ in histories(uri, first)["train/loss"]) > 10  # logged past last.ckpt (step 10)
 
     on_one = fit(tmp_path, 1, "--resume", "auto", callback("faults.KillAtStep", step=25, rank=0))
