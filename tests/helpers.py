@@ -48,6 +48,9 @@ def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PL_", "LOCAL_RANK", "TORCHELASTIC", "SLURM_"))}
     for key in ("RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
         env.pop(key, None)
+    # mlflow.set_tracking_uri (Lightning's MLFlowLogger calls it) exports the URI into this process's environment:
+    # a tracking test run in-process here must not send every later CLI run's tracking to its store.
+    env.pop("MLFLOW_TRACKING_URI", None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO), env.get("PYTHONPATH", "")])
     env.setdefault("PYTHONWARNINGS", "ignore")
     env.update(extra or {})

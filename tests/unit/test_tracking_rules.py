@@ -19,6 +19,12 @@ from project.tracking.ledger import StepMarks, flatten, plan_params, split_param
 PROJECT = Path(__file__).resolve().parents[2] / "project"
 
 
+@pytest.fixture(autouse=True)
+def own_environment(monkeypatch):
+    """mlflow.set_tracking_uri exports the URI into os.environ: each test's export is undone after it."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
 # ------------------------------------------------------------------------------------------- the section
 def test_the_store_is_the_config_then_the_environment_then_sqlite_under_logs(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
