@@ -38,6 +38,7 @@ from project.launch.ranks import confirm_started_ranks
 from project.parallel.compile import CompileAfterWrap
 from project.parallel.strategies import trainer_kwargs
 from project.parallel.threads import apply_cpu_threads
+from project.parser_stubs import resolve_stubs_in_process
 from project.plan.config import Hardware, ParallelConfig
 from project.plan.environment import detect_environment, refuse_stray_rank
 from project.plan.resolve import Plan, resolve_plan
@@ -57,6 +58,9 @@ from project.tracking.config import TrackingConfig
 warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
 # Said in one line by say_replaced_optimizer, which also names the way out.
 warnings.filterwarnings("ignore", message=r"`.*configure_optimizers` will be overridden by")
+
+# Before `python -m project` forks its ranks, so no process starts an interpreter to learn sys.path.
+resolve_stubs_in_process()
 
 
 class ProjectCLI(LightningCLI):
