@@ -53,6 +53,10 @@ class ParallelConfig:
             ``global_batch_size`` it decides the accumulation.
         accumulation: Micro-batches per optimizer step (gradient accumulation; the all-reduce runs on
             the last one only). Any two of global, per-device and accumulation decide the third.
+        micro_batch: Samples per device per forward/backward: an integer (the same as
+            ``per_device_batch_size``), or ``auto``: the largest that fits on every rank, found by trial steps
+            at the start of ``fit``; the global batch stays fixed and the accumulation follows
+            (docs/parallel.md, "Automatic micro-batch").
         lr_scaling: none | linear | sqrt: multiply the optimizer's learning rates by
             ``global_batch_size / reference_batch_size`` (or its square root), so the same config trains
             alike with another global batch.
@@ -70,6 +74,8 @@ class ParallelConfig:
         sharding: fsdp only: full (parameters, gradients and optimizer state sharded) | grad_op (gradients
             and optimizer state only) | hybrid (full within a node, replicated across nodes).
         cpu_offload: fsdp only: keep the sharded parameters and optimizer state in CPU memory.
+        async_save: Sharded (fsdp) checkpoints: copy the state in memory and write it in the background, at most
+            one save in flight (training goes on while the disk works); false: every rank waits for its write.
         wrap_modules: fsdp only: class names (``Linear``) or import paths of the modules sharded as one unit
             each; ``None`` shards the model's largest child modules as the plan shows.
         compile: Apply ``torch.compile`` to the model after the DDP/FSDP wrap.
@@ -94,6 +100,7 @@ class ParallelConfig:
     global_batch_size: int | None = None
     per_device_batch_size: int | None = None
     accumulation: int | None = None
+    micro_batch: int | Literal["auto"] | None = None
     lr_scaling: LrScaling = "none"
     reference_batch_size: int | None = None
     warmup_steps: int = 0
@@ -105,6 +112,7 @@ class ParallelConfig:
     launcher: Launcher = "auto"
     sharding: Sharding = "full"
     cpu_offload: bool = False
+    async_save: bool = True
     wrap_modules: list[str] | None = None
     compile: bool = False
     precision: Precision = "32"
