@@ -18,7 +18,7 @@ PACKAGE = ROOT / "project"
 
 #: Bottom to top; a module may import from its own floor and the floors below. Longest prefix wins.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("project.errors", "project.config_errors", "project.data", "project.dotted"),
+    ("project.errors", "project.config_errors", "project.parser_stubs", "project.data", "project.dotted"),
     # The sweep's space file and its driver/trial contract: pure, read by both sides of the process boundary.
     ("project.plan", "project.sweep.space", "project.sweep.contract"),
     ("project.launch", "project.commands"),
