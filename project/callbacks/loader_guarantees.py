@@ -87,6 +87,7 @@ class LoaderGuaranteesCallback(L.Callback):
         self._position = (0, 0)  # (epoch, batches trained in it)
         self._said: set[str] = set()
         self._limits = TrainerLimits()
+        self._micro: tuple[int, tuple[tuple[int, bool], ...]] | None = None  # micro_batch auto's pick and trials
 
     # ---------------------------------------------------------------- wiring
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -126,8 +127,20 @@ class LoaderGuaranteesCallback(L.Callback):
 
         return train_dataloader if hook == "train_dataloader" else eval_dataloader
 
+    def training_loader(self) -> tuple[Any, GlobalBatchSampler] | None:
+        """The training loader built at ``setup`` and its sampler, while Lightning has not taken it (map-style data)."""
+        return (self._built_train, self._sampler) if self._built_train is not None and self._sampler else None
+
+    def use_micro_batch(self, micro: int, trials: tuple[tuple[int, bool], ...]) -> None:
+        """``micro_batch: auto`` picked ``micro``: the plan and the training loader Lightning takes next use it."""
+        assert self.plan is not None
+        self._micro, self._built_train = (micro, trials), None
+        self.plan = self.plan.with_micro_batch(micro, trials)
+
     def _training(self, loader: Any, trainer: L.Trainer) -> Any:
         self.plan = self.built_plan.with_data_batch(getattr(loader, "batch_size", None))
+        if self._micro is not None:
+            self.plan = self.plan.with_micro_batch(*self._micro)
         per_device = self.plan.per_device_batch_size
         if per_device is None:
             self._record("training", Guarantee(False, "the training loader has no batch_size"), trainer)

@@ -90,9 +90,17 @@ def refuse_manual_accumulation(
         plan: The resolved plan (its world size and per-device batch say where a derived accumulation comes from).
 
     Raises:
-        UserError: ``accumulation`` > 1 and ``model.automatic_optimization`` is False.
+        UserError: ``accumulation`` > 1 or ``micro_batch: auto``, and ``model.automatic_optimization`` is False.
     """
-    if model is None or model.automatic_optimization or accumulation <= 1:
+    if model is None or model.automatic_optimization:
+        return
+    if settings is not None and settings.micro_batch == "auto":
+        raise UserError(
+            f"parallel.micro_batch='auto' tries steps of the module and accumulates its gradients, which needs "
+            f"automatic optimization, and {type(model).__name__} sets `automatic_optimization = False`; set "
+            "parallel.micro_batch to a number (its training_step steps its optimizers itself)"
+        )
+    if accumulation <= 1:
         return
     if settings is None or plan is None:
         setting, fix = f"trainer.accumulate_grad_batches={accumulation}", "drop trainer.accumulate_grad_batches"

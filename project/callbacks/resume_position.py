@@ -26,7 +26,9 @@ def check_resumable(resuming: dict[str, Any] | None, plan: Plan | None) -> None:
     """
     saved = (resuming or {}).get("global_batch_size")
     saved_accumulation = (resuming or {}).get("accumulation", 1)
-    if plan is not None and saved is not None and plan.accumulation != saved_accumulation:
+    # Under micro_batch auto the search keeps the checkpoint's accumulation (project.callbacks.micro_batch).
+    auto = plan is not None and plan.micro_batch == "auto"
+    if plan is not None and saved is not None and plan.accumulation != saved_accumulation and not auto:
         raise UserError(
             f"the checkpoint was trained with an accumulation of {saved_accumulation} micro-batches per step, "
             f"this run's would be {plan.accumulation}: the data position could not continue; resume with "

@@ -96,6 +96,11 @@ class GlobalBatchSampler(DistributedSampler):
             indices = order[k * self.samples_per_micro_step :][start:stop].tolist()
             yield from (EpochIndex(self.epoch, i) for i in indices) if self.with_epoch else indices
 
+    def first_indices(self, count: int) -> list[int | EpochIndex]:
+        """The first ``count`` indices of this epoch's order, as ``__iter__`` yields them (a trial micro-batch)."""
+        indices = self._order()[:count].tolist()
+        return [EpochIndex(self.epoch, i) for i in indices] if self.with_epoch else indices
+
     def __len__(self) -> int:
         """Samples of a whole epoch on this rank, also while a resumed epoch skips its first batches.
 

@@ -26,6 +26,55 @@ class BatchSizes:
     accumulation: int = 1
 
 
+#: ``parallel.micro_batch``'s value that searches the largest micro-batch that fits (project.parallel.micro_batch).
+AUTO = "auto"
+
+
+def micro_batch_candidates(per_device_step: int) -> list[int]:
+    """The micro-batches ``auto`` tries, largest first.
+
+    Each is the largest divisor of ``per_device_step`` at most half the one before: at most
+    ``log2(per_device_step) + 1`` trials, and every one keeps the global batch whole.
+    """
+    found = [per_device_step]
+    while found[-1] > 1:
+        half = found[-1] // 2
+        found.append(max(d for d in range(1, half + 1) if per_device_step % d == 0))
+    return found
+
+
+def _per_device_request(
+    per_device_batch_size: int | None, micro_batch: int | str | None, accumulation: int | None
+) -> tuple[int | None, int | None, bool]:
+    """``per_device_batch_size`` as the section asks it, with ``micro_batch`` (its other name, or ``auto``).
+
+    Returns ``(per_device, accumulation, auto)``; under ``auto`` both are left to the search (``None``).
+
+    Raises:
+        UserError: ``auto`` beside an explicit per-device batch or accumulation, or two different sizes.
+    """
+    if micro_batch == AUTO:
+        given = [
+            f"{name}={value}"
+            for name, value in (("per_device_batch_size", per_device_batch_size), ("accumulation", accumulation))
+            if value is not None
+        ]
+        if given:
+            raise UserError(
+                f"parallel.micro_batch='auto' picks the per-device batch and the accumulation itself, but "
+                f"parallel.{' and parallel.'.join(given)} is set too; drop it, or set parallel.micro_batch to a number"
+            )
+        return None, None, True
+    if isinstance(micro_batch, str) or (micro_batch is not None and micro_batch < 1):
+        raise UserError(f"parallel.micro_batch={micro_batch!r} must be 'auto' or a number of samples >= 1")
+    if micro_batch is not None and per_device_batch_size not in (None, micro_batch):
+        raise UserError(
+            f"parallel.micro_batch={micro_batch} and parallel.per_device_batch_size={per_device_batch_size} are two "
+            "names of one setting with two values; keep one"
+        )
+    return micro_batch if micro_batch is not None else per_device_batch_size, accumulation, False
+
+
 def nearest_multiples(value: int, step: int) -> list[int]:
     """The multiples of ``step`` just below and above ``value`` (positive ones only)."""
     below = (value // step) * step
@@ -48,8 +97,13 @@ def resolve_batch(
     per_device_batch_size: int | None = None,
     accumulation: int | None = None,
     size_name: str = "world size",
+    micro_batch: int | str | None = None,
 ) -> BatchSizes:
     """(per-device, global, accumulation) from what was given; dp reads the data batch size as global.
+
+    Under ``micro_batch: auto`` the global batch is fixed here (as without it, at an accumulation of 1) and the
+    per-device batch is one whole step of this process, the largest size the search at the start of ``fit`` may
+    keep; it divides that into micro-batches (:meth:`project.plan.resolve.Plan.with_micro_batch`).
 
     Args:
         scenario: The resolved scenario (``dp`` splits the data batch instead of multiplying it).
@@ -60,10 +114,14 @@ def resolve_batch(
         per_device_batch_size: ``parallel.per_device_batch_size``: what fits on one device.
         accumulation: ``parallel.accumulation``: micro-batches per optimizer step.
         size_name: What messages call ``world_size`` ("data-parallel size" under tensor parallelism).
+        micro_batch: ``parallel.micro_batch``: another name of ``per_device_batch_size``, or ``auto``.
 
     Raises:
         UserError: a size below 1, numbers that do not divide, or three numbers that disagree.
     """
+    per_device_batch_size, accumulation, auto = _per_device_request(per_device_batch_size, micro_batch, accumulation)
+    if auto and global_batch_size is None and scenario != "dp" and data_batch_size is not None:
+        global_batch_size = data_batch_size * world_size  # the global batch as without auto: one data batch each
     given = (
         ("parallel.global_batch_size", global_batch_size),
         ("parallel.per_device_batch_size", per_device_batch_size),
@@ -133,6 +191,7 @@ class BatchRequest:
     global_batch_size: int | None = None
     per_device_batch_size: int | None = None
     accumulation: int | None = None
+    micro_batch: int | str | None = None
     lr_scaling: str = "none"
     reference_batch_size: int | None = None
     warmup_steps: int = 0
@@ -145,6 +204,7 @@ class BatchRequest:
             config.global_batch_size,
             config.per_device_batch_size,
             config.accumulation,
+            config.micro_batch,
             config.lr_scaling,
             config.reference_batch_size,
             config.warmup_steps,
@@ -166,6 +226,7 @@ def batch_fields(
         request.per_device_batch_size,
         request.accumulation,
         size_name,
+        request.micro_batch,
     )
     notes: list[str] = []
     if scenario == "dp" and batch.global_ is not None:
@@ -179,13 +240,20 @@ def batch_fields(
             f"learning rates x {factor:g} ({request.lr_scaling}: global batch {batch.global_} against the "
             f"reference {request.reference_batch_size})"
         )
-    if batch.accumulation > 1:
+    if request.micro_batch == AUTO and batch.per_device is not None:
+        notes.append(
+            f"micro-batch auto: the largest of {', '.join(map(str, micro_batch_candidates(batch.per_device)))} that "
+            f"fits on every rank, found by trial steps at the start of fit; the global batch stays {batch.global_} "
+            f"and the accumulation is {batch.per_device} / micro-batch"
+        )
+    elif batch.accumulation > 1:
         notes.append(
             f"gradient accumulation: {batch.accumulation} micro-batches of {batch.per_device} per process make one "
             f"optimizer step of {batch.global_}; DDP all-reduces on the last micro-batch only"
         )
     configured = request.configured_lr
     fields = {
+        "micro_batch": AUTO if request.micro_batch == AUTO else batch.per_device,
         "per_device_batch_size": batch.per_device,
         "global_batch_size": batch.global_,
         "accumulation": batch.accumulation,

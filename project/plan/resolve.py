@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from project.errors import UserError
 from project.plan.batch import BatchRequest, batch_fields
 from project.plan.config import Hardware, ParallelConfig, refuse_unknown_choices
 from project.plan.environment import LaunchEnvironment, requested_launcher
@@ -63,6 +64,11 @@ class Plan:
     precision: str = "32"
     #: ``torch.compile`` the module's networks in place after the strategy's wrap (``project.parallel.compile``).
     compile: bool = False
+    #: ``parallel.micro_batch``: ``auto`` until the search at the start of ``fit`` picked one, then the size
+    #: picked (the same as ``per_device_batch_size``); a number, or ``None`` when not asked.
+    micro_batch: int | str | None = None
+    #: The sizes the search tried, largest first, and whether each fitted on every rank (``fit`` under ``auto``).
+    micro_batch_trials: tuple[tuple[int, bool], ...] = field(default_factory=tuple)
     #: What the batch fields were resolved from (not shown: the batch fields and notes say it).
     request: BatchRequest = field(default_factory=BatchRequest, repr=False)
     #: The notes that do not depend on the batch.
@@ -86,6 +92,29 @@ class Plan:
         fields, notes = batch_fields(self.scenario, self.degrees, self.request, data_batch_size)
         return replace(self, **fields, notes=(*notes, *self.setting_notes))
 
+    def with_micro_batch(self, micro: int, trials: tuple[tuple[int, bool], ...]) -> Plan:
+        """This plan (under ``micro_batch: auto``) with the picked micro-batch.
+
+        The same global batch, the accumulation that makes it up, and the search's note in place of the one that
+        said it was to come.
+        """
+        assert self.per_device_batch_size is not None and self.per_device_batch_size % micro == 0
+        accumulation = self.per_device_batch_size // micro
+        tried = ", ".join(f"{size} {'fits' if fitted else 'does not'}" for size, fitted in trials)
+        note = (
+            f"micro-batch auto picked {micro} per process ({tried}): {micro} x {self.dp_size} x accumulation "
+            f"{accumulation} = global batch {self.global_batch_size}"
+        )
+        notes = tuple(n for n in self.notes if not n.startswith("micro-batch auto:"))
+        return replace(
+            self,
+            per_device_batch_size=micro,
+            accumulation=accumulation,
+            micro_batch=micro,
+            micro_batch_trials=trials,
+            notes=(note, *notes),
+        )
+
     @property
     def row(self) -> StrategyRow:
         """The strategy's row in the table: its builder and what it does (shards, checkpoint format)."""
@@ -99,6 +128,19 @@ class Plan:
     def dp_rank(self, global_rank: int) -> int:
         """The data-parallel rank of ``global_rank``: the ranks of one tensor-parallel group share their data."""
         return global_rank // self.degrees.get("tp", 1)
+
+
+def refuse_sharded_auto(config: ParallelConfig, row: StrategyRow) -> None:
+    """``micro_batch: auto`` only where a trial step needs no collective (a sharded step gathers and reduces).
+
+    Raises:
+        UserError: ``auto`` under a strategy that shards parameters or optimizer state.
+    """
+    if config.micro_batch == "auto" and (row.shards_parameters or row.shards_optimizer_state):
+        raise UserError(
+            f"parallel.micro_batch='auto' is for scenarios whose trial steps run without collectives (cpu, ddp, dp, "
+            f"single); scenario {config.scenario!r} shards across processes: set parallel.micro_batch to a number"
+        )
 
 
 def resolve_plan(
@@ -126,6 +168,7 @@ def resolve_plan(
     external = environment.external
     start_method = "fork" if is_interactive() and not external else "popen"
     strategy = strategy_name(layout.scenario, layout.world_size, layout.tp)
+    refuse_sharded_auto(config, STRATEGIES[strategy])
     launch, launch_notes = describe_launch(environment, layout.per_node, layout.num_nodes)
     settings = (*setting_notes(config, layout, strategy, start_method), *launch_notes)
     return Plan(

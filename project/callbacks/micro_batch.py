@@ -1,0 +1,117 @@
+"""``parallel.micro_batch: auto``: the largest micro-batch that fits on every rank, picked at the start of ``fit``.
+
+The plan fixes the global batch; each process trains ``P = global / data-parallel size`` samples per optimizer
+step, in micro-batches of ``m`` with an accumulation of ``P / m``. Only speed and memory depend on ``m``, never the
+result (the sampler deals the same global batches, :mod:`project.parallel.samplers`), so the template may choose
+it: at ``on_fit_start`` (the model is wrapped and the optimizers exist; the training loader is not yet taken), it
+tries ``P``, then the largest divisor of ``P`` at most half of it, and so on (at most ``log2(P) + 1`` trials), each
+a real step on real samples whose effects are undone (:mod:`project.parallel.micro_batch`); the ranks agree on
+each verdict, so all keep one size. A resumed run keeps its checkpoint's accumulation (its data position counts
+micro-batches) and only checks that it fits.
+
+Under ``auto`` an integer ``val_check_interval`` or ``limit_train_batches`` counts optimizer steps (the micro-batch
+is not known when they are read); they are multiplied by the accumulation picked.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
+from project.errors import RunFailure, UserError
+from project.parallel.micro_batch import FAILED, FITS, agree, try_micro_batch
+from project.plan.batch import AUTO, micro_batch_candidates
+
+_PER_SAMPLE_STATISTICS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+
+
+def _fetch(loader: DataLoader, indices: list[Any]) -> Any:
+    """The samples at ``indices`` as the loader fetches them (``__getitems__`` where the dataset has it)."""
+    getitems = getattr(loader.dataset, "__getitems__", None)
+    return getitems(indices) if callable(getitems) else [loader.dataset[index] for index in indices]
+
+
+class MicroBatchSearch(L.Callback):
+    """Pick the micro-batch under ``micro_batch: auto`` and hand it to the loaders, the plan and the Trainer.
+
+    Args:
+        loaders: The loader callback: its plan (resolved with the data batch) and the training loader it built.
+    """
+
+    def __init__(self, loaders: LoaderGuaranteesCallback) -> None:
+        self.loaders = loaders
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Try the candidate sizes, largest first, until one fits on every rank."""
+        plan = self.loaders.plan
+        if plan is None or plan.micro_batch != AUTO:
+            return
+        built = self.loaders.training_loader()
+        if built is None or plan.per_device_batch_size is None:
+            raise UserError(
+                "parallel.micro_batch='auto' needs a map-style training dataset whose loader has a batch_size (the "
+                "template deals its global batches); this one has none or is a stream: set parallel.micro_batch "
+                "to a number"
+            )
+        loader, sampler = built
+        trials: list[tuple[int, bool]] = []
+        for micro in self._candidates(plan.per_device_batch_size):
+            samples = _fetch(loader, sampler.first_indices(micro))
+            batch = trainer.strategy.batch_to_device(loader.collate_fn(samples))
+            verdict, error = try_micro_batch(trainer, batch)
+            del batch, samples
+            agreed = agree(verdict, trainer.strategy.root_device)
+            if agreed == FAILED:
+                if error is not None:
+                    raise error
+                raise RunFailure("micro_batch auto: the trial step failed on another rank; its error is above")
+            trials.append((micro, agreed == FITS))
+            if agreed == FITS:
+                break
+        else:
+            tried = ", ".join(str(size) for size, _ in trials)
+            raise RunFailure(
+                f"micro_batch auto: no micro-batch fits in memory on every rank (tried {tried} samples per process); "
+                "use more processes, scenario fsdp, or a smaller model"
+            )
+        self.loaders.use_micro_batch(micro, tuple(trials))
+        self._apply(trainer, pl_module)
+
+    def _candidates(self, per_device_step: int) -> list[int]:
+        """The sizes to try; a resumed run only its checkpoint's (the data position counts its micro-batches)."""
+        resuming = self.loaders.resuming or {}
+        saved = resuming.get("accumulation")
+        if saved is None:
+            return micro_batch_candidates(per_device_step)
+        if per_device_step % saved:
+            raise UserError(
+                f"parallel.micro_batch='auto': the checkpoint was trained with an accumulation of {saved}, which does "
+                f"not divide this run's {per_device_step} samples per process and step; resume on the checkpoint's "
+                "number of processes, or set parallel.accumulation"
+            )
+        return [per_device_step // saved]
+
+    def _apply(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The picked accumulation on the Trainer (and on its step counts); the pick said in one line (rank 0)."""
+        plan = self.loaders.plan
+        assert plan is not None
+        accumulation = plan.accumulation
+        trainer.accumulate_grad_batches = accumulation
+        for name in ("val_check_interval", "limit_train_batches"):
+            value = getattr(trainer, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(trainer, name, value * accumulation)  # read later, when the loop sets up its data
+        if not trainer.is_global_zero:
+            return
+        sys.stderr.write(f"{plan.notes[0]}\n")
+        normalising = [name for name, module in pl_module.named_modules() if isinstance(module, _PER_SAMPLE_STATISTICS)]
+        if normalising:
+            sys.stderr.write(
+                f"warning: micro_batch auto: {', '.join(normalising)} normalise each micro-batch of {plan.micro_batch} "
+                "samples, so results depend on the size picked; set parallel.micro_batch to a number to fix it\n"
+            )

@@ -1,0 +1,76 @@
+"""``parallel.micro_batch``: the sizes ``auto`` tries, what it fixes before the search, and what it refuses."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from project.errors import UserError
+from project.plan.batch import micro_batch_candidates
+from project.plan.environment import LaunchEnvironment
+from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
+
+LOCAL = LaunchEnvironment(launcher="lightning", external=False)
+
+
+def plan(data_batch: int | None = 64, **fields):
+    return resolve_plan(ParallelConfig(**fields), Hardware(0), LOCAL, data_batch)
+
+
+def error(**fields) -> str:
+    with pytest.raises(UserError) as info:
+        plan(**fields)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("step", [1, 2, 7, 12, 64, 96, 100, 1000])
+def test_candidates_divide_the_step_shrink_by_half_at_least_and_end_at_one(step):
+    sizes = micro_batch_candidates(step)
+    assert sizes[0] == step and sizes[-1] == 1 and all(step % size == 0 for size in sizes)
+    assert all(later <= earlier // 2 for earlier, later in itertools.pairwise(sizes))
+    assert len(sizes) <= math.floor(math.log2(step)) + 1  # the issue's bound on trial steps
+
+
+def test_auto_fixes_the_global_batch_and_offers_one_whole_step_per_process():
+    got = plan(scenario="cpu", devices=2, global_batch_size=128, micro_batch="auto")
+    assert (got.micro_batch, got.per_device_batch_size, got.accumulation, got.global_batch_size) == ("auto", 64, 1, 128)
+    assert any(note.startswith("micro-batch auto: the largest of 64, 32, 16") for note in got.notes)
+    # Without a global batch: the one the run would have without auto (a data batch per process).
+    got = plan(data_batch=32, scenario="cpu", devices=2, micro_batch="auto")
+    assert (got.per_device_batch_size, got.global_batch_size) == (32, 64)
+
+
+def test_picking_keeps_the_global_batch_and_derives_the_accumulation():
+    got = plan(scenario="cpu", devices=2, global_batch_size=128, micro_batch="auto")
+    picked = got.with_micro_batch(16, ((64, False), (32, False), (16, True)))
+    assert (picked.micro_batch, picked.per_device_batch_size, picked.accumulation) == (16, 16, 4)
+    assert picked.global_batch_size == 128 and list(map(list, picked.to_dict()["micro_batch_trials"])) == [
+        [64, False],
+        [32, False],
+        [16, True],
+    ]
+    assert picked.notes[0].startswith("micro-batch auto picked 16 per process (64 does not, 32 does not, 16 fits)")
+
+
+def test_a_number_is_the_per_device_batch():
+    got = plan(scenario="cpu", devices=2, global_batch_size=128, micro_batch=16)
+    assert (got.micro_batch, got.per_device_batch_size, got.accumulation) == (16, 16, 4)
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({"micro_batch": "auto", "per_device_batch_size": 8}, "parallel.per_device_batch_size=8 is set too"),
+        ({"micro_batch": "auto", "accumulation": 2}, "parallel.accumulation=2 is set too"),
+        ({"micro_batch": 16, "per_device_batch_size": 32}, "two names of one setting"),
+        ({"micro_batch": 0}, "must be 'auto' or a number of samples >= 1"),
+        ({"micro_batch": "max"}, "must be 'auto' or a number"),
+        ({"micro_batch": "auto", "scenario": "fsdp", "devices": 2}, "scenario 'fsdp' shards across processes"),
+        ({"micro_batch": "auto", "scenario": "zero1", "devices": 2}, "scenario 'zero1' shards across processes"),
+        ({"micro_batch": 12, "global_batch_size": 128, "scenario": "cpu", "devices": 2}, "does not divide"),
+    ],
+)
+def test_refusals_name_the_setting(fields, needle):
+    assert needle in error(**fields)
