@@ -81,6 +81,8 @@ class Plan:
         data["notes"] = list(self.notes)
         data["capabilities"] = self.row.to_dict()
         del data["request"], data["setting_notes"]
+        if not self.micro_batch_trials:  # no search ran (or not yet)
+            del data["micro_batch_trials"]
         return data
 
     def with_data_batch(self, data_batch_size: int | None) -> Plan:

@@ -46,6 +46,7 @@ def test_picking_keeps_the_global_batch_and_derives_the_accumulation():
     got = plan(scenario="cpu", devices=2, global_batch_size=128, micro_batch="auto")
     picked = got.with_micro_batch(16, ((64, False), (32, False), (16, True)))
     assert (picked.micro_batch, picked.per_device_batch_size, picked.accumulation) == (16, 16, 4)
+    assert "micro_batch_trials" not in got.to_dict()
     assert picked.global_batch_size == 128 and list(map(list, picked.to_dict()["micro_batch_trials"])) == [
         [64, False],
         [32, False],
