@@ -24,6 +24,7 @@ import yaml
 
 # Re-exported: the tests read runs with the same function the notebooks use.
 from project.checkpoints.atomic import atomic_write_text
+from project.launch.preparse import processes_to_start
 from project.runs import read_scalars as read_scalars
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,10 +107,15 @@ _GPU_POSSIBLE = bool(os.environ.get("CUDA_VISIBLE_DEVICES")) or any(Path("/dev")
 
 
 def forkable(args: Sequence[str]) -> bool:
-    """Whether ``python -m project ARGS`` is sure to stay one process (a command, and no option or config file
-    that sets a layout: those runs start fresh interpreters, as a user's do)."""
+    """Whether ``python -m project ARGS`` can be forked from the imported server: a run sure to stay one process
+    (a command, and no option or config file that sets a layout), or one whose CPU ranks ``python -m project``
+    forks itself after its imports (:func:`project.launch.preparse.processes_to_start`), which it does the same in
+    a forked child. Every other layout (Lightning's launcher, torchrun, nodes, GPUs) starts fresh interpreters,
+    as a user's does."""
     if os.environ.get(FRESH_ENV, "") not in ("", "0") or not args or args[0] not in _COMMANDS:
         return False
+    if processes_to_start(args) is not None:
+        return True
     if args[0] in ("plan", "consolidate"):
         return True  # they start no process, whatever the layout
     for i, arg in enumerate(args):

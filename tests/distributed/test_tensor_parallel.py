@@ -2,10 +2,11 @@
 
 Real runs on CPU over gloo, shared by the tests: one process; tensor parallel 2 on 2 processes (dp 1 x tp 2);
 a tensor-parallel run killed at step 15 (its last.ckpt, a sharded folder, is of step 10) resumed as plain DDP on
-2 processes (dp 2 x tp 1), and a DDP run killed alike (a plain file) resumed as tensor parallel. All in float64
-(``parallel.precision: 64``): sums reordered by the split agree to 1e-9, so any real difference shows; and one
-float32 pair for the template's usual 1e-5 bound. No dropout or batch norm: one process and the splits compute
-the same. 2-D (FSDP x TP on 4 processes) is checked on the GPT: test_gpt_tensor_parallel.py.
+2 processes (dp 2 x tp 1), and a DDP run killed alike (a plain file) resumed as tensor parallel; the sharded
+checkpoint merged into one file by ``consolidate``. All in float64 (``parallel.precision: 64``): sums reordered by
+the split agree to 1e-9, so any real difference shows; and one float32 pair for the template's usual 1e-5 bound.
+No dropout or batch norm: one process and the splits compute the same. 2-D (FSDP x TP on 4 processes) is checked on
+the GPT: test_gpt_tensor_parallel.py.
 """
 
 from __future__ import annotations
@@ -76,6 +77,19 @@ def test_tensor_parallel_on_two_processes_ends_at_the_weights_of_one_process(run
     assert worst_relative(exported(runs["tp64"]), exported(runs["one64"])) < 1e-9
     assert worst_relative(exported(runs["tp32"]), exported(runs["one32"])) < 1e-5
     assert exported(runs["tp64"])["layers.0.weight"].dtype == torch.float64
+
+
+def test_a_tensor_parallel_checkpoint_consolidates_into_one_file_of_the_weights_one_process_trained(runs, tmp_path):
+    folder = runs["tp64"] / "checkpoints" / "last.ckpt"
+    assert folder.is_dir()  # sharded: each rank wrote its half of every split layer
+    out = tmp_path / "merged.ckpt"
+    result = run_cli(["consolidate", str(folder), "--out", str(out)], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    merged = torch.load(out, weights_only=True)
+    one = torch.load(runs["one64"] / "checkpoints" / "last.ckpt", weights_only=True)
+    assert merged["global_step"] == one["global_step"] == 20
+    nets = [{k: v for k, v in c["state_dict"].items() if k.startswith("net.")} for c in (merged, one)]
+    assert worst_relative(*nets) < 1e-9
 
 
 @pytest.mark.parametrize(("run", "tp"), [("to_ddp", 1), ("to_tp", 2)])
