@@ -22,8 +22,9 @@ from project.models.digits_net import DigitsNet
 
 from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, free_port, run_cli, run_dirs, two_at_a_time
 
-# The upper bound of "within seconds": a CLI start is ~4 s; two run side by side on 2 cores.
-SECONDS = 30
+# The upper bound of "within seconds": a refusal takes 1-5 s, but two side by side beside another xdist worker on
+# 2 cores once took 31 s; a refusal that waited for a collective would take cpu_ddp.yaml's timeout_s (120 s).
+SECONDS = 60
 BASE = ["--config", DIGITS, "--config", FAST]
 RUN = "logs/digits/version_0"
 FORK = str(CONFIGS / "parallel" / "fork.yaml")
