@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 from pathlib import Path
@@ -21,13 +22,19 @@ class KillBeforeShardedRename(L.Callback):
 
     def __init__(self, step: int) -> None:
         self.step = step
+        self._saved: collections.deque[int] = collections.deque()
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """Note the step this save holds: a background save is renamed later, on the writer thread."""
+        self._saved.append(trainer.global_step)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Wrap the one function that moves a finished sharded checkpoint onto its name."""
         replace = sharded_save.replace
 
         def dying_replace(source: Path, target: Path) -> None:
-            if trainer.global_step == self.step and trainer.global_rank == 0:
+            step = self._saved.popleft() if self._saved else trainer.global_step
+            if step == self.step and trainer.global_rank == 0:
                 os.kill(os.getpid(), signal.SIGKILL)
             replace(source, target)
 

@@ -4,11 +4,15 @@ Every rank writes into a hidden ``.last.ckpt.<token>.tmp/`` folder; when all hav
 ``.metadata`` only then) rank 0 adds ``meta.pt``, syncs, and swaps the folder onto its name in one
 ``renameat2(RENAME_EXCHANGE)`` (two renames where the file system lacks it). A kill at any point leaves the
 previous checkpoint under the name, or a hidden folder that nothing resumes from (:func:`remove_partial`).
+
+:func:`save_sharded` does all of it before returning (``parallel.async_save: false``);
+:mod:`project.checkpoints.sharded_async` runs the same steps in the background.
 """
 
 from __future__ import annotations
 
 import ctypes
+import io
 import os
 import shutil
 import tempfile
@@ -46,7 +50,8 @@ def _exchange(first: Path, second: Path) -> bool:
     return done == 0
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
+    """Delete a checkpoint file or folder (what is already gone is no error)."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
@@ -62,12 +67,12 @@ def replace(source: Path, target: Path) -> None:
     if not target.exists() and not target.is_symlink():
         os.rename(source, target)
     elif _exchange(source, target):
-        _remove(source)
+        remove_path(source)
     else:  # no atomic exchange here: two renames, the old one kept under a hidden name until the new is in place
         old = target.with_name(f"{source.name}.old")
         os.rename(target, old)
         os.rename(source, target)
-        _remove(old)
+        remove_path(old)
     _fsync_folder(target.parent)
 
 
@@ -76,10 +81,45 @@ def partial_name(target: Path, token: str) -> Path:
     return target.with_name(f".{target.name}.{token}.tmp")
 
 
+def split(checkpoint: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Lightning's checkpoint dict as DCP's sharded part (weights, each optimizer's state) and ``meta.pt``'s rest."""
+    shards = {WEIGHTS: checkpoint[WEIGHTS]}
+    shards.update({OPTIMIZER.format(i): state for i, state in enumerate(checkpoint.get("optimizer_states", []))})
+    meta = {key: value for key, value in checkpoint.items() if key not in (WEIGHTS, "optimizer_states")}
+    return shards, meta
+
+
+def shard_writer(partial: Path) -> FileSystemWriter:
+    """DCP's writer into the hidden folder: every file fsynced, never into a folder that holds a checkpoint."""
+    return FileSystemWriter(partial, sync_files=True, overwrite=False)
+
+
+def shard_planner() -> DefaultSavePlanner:
+    """DCP's planner; replicated tensors (buffers) are written by rank 0, as a DDP checkpoint holds rank 0's."""
+    return DefaultSavePlanner(dedup_save_to_lowest_rank=True)
+
+
+def serialize(meta: dict[str, Any]) -> bytes:
+    """``meta.pt``'s bytes (taken on the training thread: what the loops and callbacks hold may change after)."""
+    buffer = io.BytesIO()
+    torch.save(meta, buffer)
+    return buffer.getvalue()
+
+
+def finish(partial: Path, path: Path, meta: bytes) -> None:
+    """Rank 0, once DCP wrote ``.metadata`` (after every rank's shards): add ``meta.pt``, sync, swap onto ``path``."""
+    with open(partial / LIGHTNING_META, "wb") as handle:
+        handle.write(meta)
+        handle.flush()
+        os.fsync(handle.fileno())
+    _fsync_folder(partial)
+    replace(partial, path)
+
+
 def save_sharded(
     checkpoint: dict[str, Any], path: Path, token: str, is_rank_zero: bool, barrier: Callable[[], None]
 ) -> None:
-    """Write a sharded checkpoint (every rank: collectives) atomically onto ``path``.
+    """Write a sharded checkpoint (every rank: collectives) atomically onto ``path``, before returning.
 
     Args:
         checkpoint: Lightning's checkpoint dict, its ``state_dict`` and ``optimizer_states`` sharded (DTensors).
@@ -89,19 +129,10 @@ def save_sharded(
         barrier: Wait for every rank.
     """
     partial = partial_name(path, token)
-    shards = {WEIGHTS: checkpoint[WEIGHTS]}
-    shards.update({OPTIMIZER.format(i): state for i, state in enumerate(checkpoint.get("optimizer_states", []))})
-    meta = {key: value for key, value in checkpoint.items() if key not in (WEIGHTS, "optimizer_states")}
-    # Replicated tensors (buffers) are written by rank 0, as a DDP checkpoint holds rank 0's.
-    planner = DefaultSavePlanner(dedup_save_to_lowest_rank=True)
-    dcp.save(shards, storage_writer=FileSystemWriter(partial, sync_files=True, overwrite=False), planner=planner)
+    shards, meta = split(checkpoint)
+    dcp.save(shards, storage_writer=shard_writer(partial), planner=shard_planner())
     if is_rank_zero:  # DCP wrote .metadata after every rank's shards: the folder is complete but for meta.pt
-        with open(partial / LIGHTNING_META, "wb") as handle:
-            torch.save(meta, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        _fsync_folder(partial)
-        replace(partial, path)
+        finish(partial, path, serialize(meta))
     barrier()
 
 
@@ -123,4 +154,4 @@ def write_file_over(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
 def remove_partial(folder: Path) -> None:
     """Delete the hidden, incomplete checkpoints (files and folders) a killed save left in ``folder``."""
     for partial in folder.glob(".*.tmp"):
-        _remove(partial)
+        remove_path(partial)

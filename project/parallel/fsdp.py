@@ -4,7 +4,8 @@ The strategy is Lightning's FSDP2-based :class:`~lightning.pytorch.strategies.Mo
 mesh, launcher, process group), except that the module need not write ``configure_model``: the strategy applies
 ``torch.distributed.fsdp.fully_shard`` itself, from the plan, and points the optimizers LightningCLI built
 before sharding at the sharded parameters. Its checkpoints are atomic sharded folders read under the project's
-pickle policy (:mod:`project.checkpoints.sharded`); every rank starts from rank 0's weights, as under DDP;
+pickle policy (:mod:`project.checkpoints.sharded`), written in the background unless ``parallel.async_save`` is
+false (:mod:`project.checkpoints.sharded_async`); every rank starts from rank 0's weights, as under DDP;
 gradient accumulation reduces on the last micro-batch only; an evaluation whose exactly-once shards give the
 ranks different numbers of batches runs on parameters gathered once (FSDP's per-forward gathers would hang).
 What is sharded, and which modules are units, is :mod:`project.parallel.fsdp_units`; applying it,
@@ -35,7 +36,9 @@ from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
+from project.checkpoints import pending
 from project.checkpoints.sharded import is_sharded_checkpoint
+from project.checkpoints.sharded_async import AsyncShardedWriter
 from project.checkpoints.sharded_load import load_full_into, load_sharded_into
 from project.checkpoints.sharded_save import save_sharded
 from project.lightning_private import set_mesh_sizes
@@ -68,6 +71,8 @@ class FullyShardStrategy(ModelParallelStrategy):
         data_parallel: The layout's data-parallel degree (replicas x shards); ``None``: every process.
         tensor_parallel: The layout's tensor-parallel degree (1: none).
         tensor_plan: ``parallel.tensor_parallel.plan`` (``auto`` or module patterns -> styles), for ``tp > 1``.
+        async_save: Write checkpoints in the background (a save costs the training a copy of its shards), at most
+            one in flight; false: every rank waits for the write.
     """
 
     def __init__(
@@ -80,6 +85,7 @@ class FullyShardStrategy(ModelParallelStrategy):
         data_parallel: int | None = None,
         tensor_parallel: int = 1,
         tensor_plan: str | dict[str, str] = "auto",
+        async_save: bool = False,
     ) -> None:
         kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
         super().__init__(save_distributed_checkpoint=True, process_group_backend=process_group_backend, **kwargs)
@@ -88,6 +94,8 @@ class FullyShardStrategy(ModelParallelStrategy):
         self.wrap_modules = wrap_modules
         self.degrees = (data_parallel, tensor_parallel)
         self.tensor_plan = tensor_plan
+        self.async_save = async_save
+        self._writer = AsyncShardedWriter()
         #: What the tensor plan split (module name -> style), once applied: plan.json records it.
         self.tensor_styles: dict[str, str] = {}
         self._shard_mesh: DeviceMesh | None = None
@@ -138,6 +146,8 @@ class FullyShardStrategy(ModelParallelStrategy):
         # Strategy.setup does the rest (precision, device, optimizers over the sharded parameters).
         Strategy.setup(self, trainer)
         self._before_sharding = {}
+        if self.async_save and trainer.state.fn == TrainerFn.FITTING:
+            self._writer.setup(self._timeout)  # every rank: the background writes' own gloo group
         self.barrier()
 
     def setup_optimizers(self, trainer: L.Trainer) -> None:
@@ -152,13 +162,29 @@ class FullyShardStrategy(ModelParallelStrategy):
         point_optimizers_at(self.optimizers, self._before_sharding, now)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
-        """Every rank writes its shards into a hidden folder; rank 0 moves it onto the name when complete."""
+        """Every rank writes its shards into a hidden folder; rank 0 moves it onto the name when complete.
+
+        With ``async_save`` the write goes on in the background once the shards are copied; the next save waits
+        for it, and raises it if it failed.
+        """
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options (got {storage_options!r})")
+        if self._writer.ready:
+            self._writer.wait()  # every rank alike, before the collectives of this save
         path = Path(self.broadcast(str(filepath)))
         token = self.broadcast(uuid.uuid4().hex[:12])
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_sharded(checkpoint, path, token, self.is_global_zero, self.barrier)
+        if self._writer.ready:
+            self._writer.save(checkpoint, path, token)
+        else:
+            save_sharded(checkpoint, path, token, self.is_global_zero, self.barrier)
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        """Rank 0 removes ``filepath``; after a background save, only once it (and those before) succeeded."""
+        if not self._writer.ready:
+            super().remove_checkpoint(filepath)
+        elif self.is_global_zero:
+            self._writer.remove(Path(filepath))
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """A sharded checkpoint, resharded onto this world size, or a plain file, sharded here (both read safely).
@@ -167,6 +193,7 @@ class FullyShardStrategy(ModelParallelStrategy):
         process, has the fit's optimizers still, and needs none of their state (as Lightning's FSDP strategy).
         """
         path = Path(self.broadcast(str(checkpoint_path)))
+        pending.wait_for(path)  # a background save of it: on every rank, until it is under its name
         assert self.model is not None and self.lightning_module is not None
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         optimizers = self.optimizers if fitting else []
@@ -179,9 +206,15 @@ class FullyShardStrategy(ModelParallelStrategy):
         return checkpoint
 
     def teardown(self) -> None:
-        """Lightning's teardown, plus the checkpoint IO's (ModelParallelStrategy skips it): queued removals finish."""
-        super().teardown()
-        self.checkpoint_io.teardown()
+        """Finish the background save (every rank; raise it if it failed), Lightning's teardown, the checkpoint IO's.
+
+        ModelParallelStrategy skips the checkpoint IO's teardown: its queued removals finish here.
+        """
+        try:
+            self._writer.teardown()
+        finally:
+            super().teardown()
+            self.checkpoint_io.teardown()
 
     @contextmanager
     def block_backward_sync(self) -> Generator[None, None, None]:
@@ -235,6 +268,7 @@ def build(args: dict[str, Any], backend: str | None, degrees: dict[str, int]) ->
         data_parallel=degrees["dp_replicate"] * degrees["dp_shard"],
         tensor_parallel=degrees.get("tp", 1),
         tensor_plan=args.get("tensor_parallel_plan", "auto"),
+        async_save=args["async_save"],
     )
 
 
@@ -246,4 +280,5 @@ def build_tensor_parallel(args: dict[str, Any], backend: str | None, degrees: di
         data_parallel=1,
         tensor_parallel=degrees["tp"],
         tensor_plan=args["tensor_parallel_plan"],
+        async_save=args["async_save"],
     )

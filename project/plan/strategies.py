@@ -82,6 +82,7 @@ def _fsdp_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
         "wrap_modules": list(config.wrap_modules) if config.wrap_modules is not None else None,
         "wrap_rule": "parallel.wrap_modules" if config.wrap_modules is not None else DEFAULT_WRAP_RULE,
         "checkpoint": "sharded (torch.distributed.checkpoint folder)",
+        "async_save": config.async_save,
         "timeout_s": config.timeout_s,
         **({"tensor_parallel_plan": _tensor_plan(config)} if config.tensor_parallel.size > 1 else {}),
     }
@@ -97,6 +98,7 @@ def _tensor_parallel_args(config: ParallelConfig, start_method: str) -> dict[str
     return {
         "tensor_parallel_plan": _tensor_plan(config),
         "checkpoint": "sharded (torch.distributed.checkpoint folder)",
+        "async_save": config.async_save,
         "timeout_s": config.timeout_s,
     }
 

@@ -146,12 +146,14 @@ def test_the_fsdp_arguments_the_plan_shows():
         "reshard_after_forward": True,
         "cpu_offload": False,
         "checkpoint": "sharded (torch.distributed.checkpoint folder)",
+        "async_save": True,
         "timeout_s": 1800.0,
     }
     got = plan(0, scenario="fsdp", devices=2)
     assert got.strategy_args == {**base, "wrap_modules": None, "wrap_rule": DEFAULT_WRAP_RULE}
     got = plan(0, scenario="fsdp", devices=2, wrap_modules=["Linear"])
     assert got.strategy_args == {**base, "wrap_modules": ["Linear"], "wrap_rule": "parallel.wrap_modules"}
+    assert plan(0, scenario="fsdp", devices=2, async_save=False).strategy_args["async_save"] is False
 
 
 def test_the_zero1_arguments_the_plan_shows():
