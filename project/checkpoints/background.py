@@ -45,6 +45,16 @@ def snapshot(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return apply_to_collection(checkpoint, torch.Tensor, lambda tensor: tensor.detach().clone())
 
 
+def first_failure(in_flight: list[tuple[str, Future[None]]]) -> tuple[str, BaseException] | None:
+    """What the first of the writes in flight that failed was to do, and its error (after waiting for them all)."""
+    failed: tuple[str, BaseException] | None = None
+    for what, done in in_flight:
+        error = done.exception()  # waits
+        if error is not None and failed is None:
+            failed = (what, error)
+    return failed
+
+
 class BackgroundCheckpointIO(AtomicCheckpointIO):
     """:class:`AtomicCheckpointIO` whose writes happen on a background thread, one at a time."""
 
@@ -91,11 +101,7 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
             CheckpointWriteError: a write or removal failed (the file it was to replace is intact).
         """
         in_flight, self._in_flight = self._in_flight, []
-        failed: tuple[str, BaseException] | None = None
-        for what, done in in_flight:
-            error = done.exception()
-            if error is not None and failed is None:
-                failed = (what, error)
+        failed = first_failure(in_flight)
         if failed is not None:
             what, error = failed
             raise CheckpointWriteError(

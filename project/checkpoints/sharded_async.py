@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 # Called through the module: tests replace its steps (tests/fsdp_faults.py, test_async_sharded_save.py) to fault there.
 from project.checkpoints import pending, sharded_save
-from project.checkpoints.background import CheckpointWriteError
+from project.checkpoints.background import CheckpointWriteError, first_failure
 from project.checkpoints.sharded import LIGHTNING_META
 from project.errors import Preempted, first_line
 
@@ -137,11 +137,7 @@ class AsyncShardedWriter:
             ShardedWriteError: the save failed, on every rank alike (the checkpoint it was to replace is intact).
         """
         in_flight, self._in_flight = self._in_flight, []
-        failed: tuple[str, BaseException] | None = None
-        for what, done in in_flight:
-            error = done.exception()  # waits
-            if error is not None and failed is None:
-                failed = (what, error)
+        failed = first_failure(in_flight)
         if failed is not None:
             what, error = failed
             raise ShardedWriteError(
