@@ -82,6 +82,10 @@ def template_layout(row: Row) -> list[str]:
     """The template's own parallel config for the row."""
     if row.device == "gpu":
         return ["--config", str(REPO / "configs/parallel/single_gpu.yaml"), "--parallel.precision", "bf16-mixed"]
+    if row.tensor_parallel > 1:
+        base = "configs/parallel/cpu_fsdp.yaml" if row.fsdp else "configs/parallel/cpu_ddp.yaml"
+        split = ["--parallel.devices", str(row.processes), "--parallel.tensor_parallel.size", str(row.tensor_parallel)]
+        return ["--config", str(REPO / base), *split]
     if row.processes == 1:
         return []  # the base config's `parallel.scenario: auto` is one CPU process here
     if row.processes == 2:

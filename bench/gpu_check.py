@@ -14,6 +14,9 @@ after a warm-up, time to the first step, final loss, weights checksum). The tabl
 same order, so their final losses must agree (within the bench's GPU tolerance; the command fails otherwise);
 compiled kernels round differently, so the compiled rows show their loss beside the eager one without a verdict.
 
+``--workload chargpt`` runs the character-level GPT of ``configs/chargpt.yaml`` (AdamW, 32 x 128 tokens) the same
+ways instead, into ``bench/results/gpu_check-chargpt.md``.
+
 Without a GPU it refuses in one line (exit code 2). ``--cpu-dry-run`` runs the same ways on the CPU with a tiny
 workload (bf16 through CPU autocast), to check the script itself; its timings mean nothing.
 """
@@ -33,11 +36,16 @@ from typing import Any
 
 from bench.commands import REPO, environment, prepare_data, write_template_config
 from bench.harness import LOSS_RTOL, RUN_TIMEOUT_S, gpu_available, machine
-from bench.workloads import GPU, Workload
+from bench.workloads import CHARGPT, GPU, QUICK_CHARGPT, Workload
 
 RESULTS = REPO / "bench" / "results"
 #: The dry run's workload: the GPU workload's shape, small enough for seconds on a CPU.
 DRY = replace(GPU, name="gpu-dry", hidden=64, batch_size=32, steps=12, warmup=2)
+#: ``--workload`` -> (the GPU's workload, the dry run's).
+WORKLOADS = {
+    "mlp": (GPU, DRY),
+    "chargpt": (replace(CHARGPT, name="gpu-chargpt", steps=300, warmup=50), replace(QUICK_CHARGPT, steps=12, warmup=2)),
+}
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,7 @@ def command(way: Way, workload: Workload, data: Path, config: Path, gpu: bool) -
     layout = ["--config", str(REPO / "configs/parallel/single_gpu.yaml")] if gpu else []
     return [
         python, "-m", "project", "fit",
-        "--config", str(REPO / "configs/digits.yaml"),
+        "--config", str(REPO / workload.base_config),
         *layout,
         "--config", str(config),
         "--parallel.precision", way.precision,
@@ -169,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "--cpu-dry-run", action="store_true", help="the same ways, tiny, on the CPU (checks the script)"
     )
     parser.add_argument("--repeats", type=int, default=1, help="runs of each way, interleaved (default 1)")
+    parser.add_argument("--workload", choices=tuple(WORKLOADS), default="mlp", help="the MLP (default) or the GPT")
     parser.add_argument("--ways", default=None, help=f"comma-separated subset of: {', '.join(w.key for w in WAYS)}")
     parser.add_argument("--threads", type=int, default=1, help="intra-op CPU threads per process (0: torch's default)")
     parser.add_argument("--out", type=Path, default=None, help="where gpu_check.md goes (default bench/results)")
@@ -189,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --ways {','.join(unknown)} unknown; choose from {', '.join(known)}", file=sys.stderr)
         return 2
     ways = tuple(known[key] for key in wanted)
-    workload = GPU if gpu else DRY
-    mode = "gpu" if gpu else "cpu-dry-run"
+    workload = WORKLOADS[args.workload][0 if gpu else 1]
+    mode = ("gpu" if gpu else "cpu-dry-run") + ("" if args.workload == "mlp" else f"-{args.workload}")
     out = (args.out or (RESULTS if gpu else RESULTS / "tmp" / mode)).resolve()
     work = (args.work or RESULTS / "tmp" / f"gpu-check-{mode}").resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -214,18 +223,19 @@ def main(argv: list[str] | None = None) -> int:
             "",
             f"- Machine: {info['gpu'] or 'no GPU'}; {info['cpu']}, {info['cores']} cores; {info['platform']}",
             f"- Software: Python {info['python']}, torch {info['torch']}, lightning {info['lightning']}",
-            f"- Workload: {workload.title}, {workload.steps} steps (warm-up {workload.warmup}), SGD; "
+            f"- Workload: {workload.title}, {workload.steps} steps (warm-up {workload.warmup}), {workload.optimizer}; "
             f"{args.repeats} run(s) per way, {(time.time() - started) / 60:.1f} min in all",
             "- Steps/s after the warm-up (compilation happens in the first steps, so it counts in the first-step "
-            "time); the template's ways use `configs/digits.yaml` with its checkpoints and callbacks",
+            f"time); the template's ways use `{workload.base_config}` with its checkpoints and callbacks",
             "",
             *rows,
             "",
         ]
     )
-    (out / "gpu_check.md").write_text(text)
+    name = "gpu_check.md" if args.workload == "mlp" else f"gpu_check-{args.workload}.md"
+    (out / name).write_text(text)
     (work / "gpu_check.json").write_text(json.dumps({"machine": info, "results": results}, indent=1) + "\n")
-    print(f"\n{text}\nwrote {out / 'gpu_check.md'}")
+    print(f"\n{text}\nwrote {out / name}")
     if not ok:
         print("error: a way failed, or the raw loop and the eager template did not do the same work", file=sys.stderr)
     return 0 if ok else 1

@@ -91,8 +91,12 @@ class StepClock:
 
 
 def weights_checksum(module: Any) -> float:
-    """Sum of every parameter in float64: equal weights give equal sums, to float tolerance."""
-    return float(sum(p.detach().double().sum() for p in module.parameters()))
+    """Sum of every parameter in float64: equal weights give equal sums, to float tolerance.
+
+    A sharded parameter (a DTensor) is gathered whole first: every rank must call this then.
+    """
+    whole = (p.full_tensor() if hasattr(p, "full_tensor") else p for p in module.parameters())
+    return float(sum(p.detach().double().sum() for p in whole))
 
 
 def write_record(record: dict[str, Any], path: str | None = None) -> None:

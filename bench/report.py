@@ -80,6 +80,12 @@ def throughput_table(rows: list[RowResult]) -> list[str]:
     return lines
 
 
+def _short(row: Row) -> str:
+    """A plot label: the workload, its processes and its tensor-parallel degree."""
+    split = f", tp{row.tensor_parallel}" if row.tensor_parallel > 1 else ""
+    return f"{row.workload.name}, {row.processes}p{split}"
+
+
 def scaling_table(rows: list[RowResult]) -> list[str]:
     """Samples/s at 1, 2 and 4 CPU processes, for each workload that ran at more than one."""
     counts = (1, 2, 4)
@@ -212,7 +218,7 @@ def startup_targets(rows: list[RowResult], latency: list[LatencyResult]) -> list
 
     for result in rows:
         tpl = result.median("template", "startup_s")
-        if result.row.processes > 1 and tpl is not None and tpl_one is not None:
+        if result.row.processes > 1 and result.row.tensor_parallel == 1 and tpl is not None and tpl_one is not None:
             line(
                 f"template, {result.row.processes} processes - 1 process", tpl - tpl_one, STARTUP_TARGETS_S["processes"]
             )
@@ -302,7 +308,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         if target and floor:
             left.hlines(target * floor, i - 2 * width, i + 2 * width, colors="black", linestyles="dashed")
     # Short labels (the titles overlap); the table names each row in full.
-    left.set_xticks(range(len(rows)), [f"{r.row.workload.name}, {r.row.processes}p" for r in rows], fontsize=8)
+    left.set_xticks(range(len(rows)), [_short(r.row) for r in rows], fontsize=8)
     left.set_ylabel("steps/s relative to raw PyTorch (dashed: 0.95 x floor)")
     left.set_title("Throughput (higher is better)")
     left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(VARIANTS))
@@ -310,7 +316,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     shown = ("raw", "plain", "template")
     labels, series = [], {v: [] for v in shown}
     for result in rows:
-        labels.append(f"first step\n{result.row.workload.name}, {result.row.processes}p")
+        labels.append(f"first step\n{_short(result.row)}")
         for variant in shown:
             series[variant].append(result.median(variant, "startup_s") or 0.0)
     for item in results["latency"]:
@@ -346,6 +352,8 @@ def to_json(results: dict[str, Any], machine: dict[str, Any], gpu_note: str) -> 
                 "processes": result.row.processes,
                 "device": result.row.device,
                 "variants": list(result.row.variants),
+                "tensor_parallel": result.row.tensor_parallel,
+                "fsdp": result.row.fsdp,
                 "equal_work": same,
                 "equal_work_detail": detail,
                 "runs": [asdict(run) for run in result.runs],
@@ -362,7 +370,14 @@ def from_json(text: str) -> tuple[dict[str, Any], dict[str, Any], str]:
     data = json.loads(text)
     rows = [
         RowResult(
-            Row(Workload(**row["workload"]), row["processes"], row["device"], tuple(row["variants"])),
+            Row(
+                Workload(**row["workload"]),
+                row["processes"],
+                row["device"],
+                tuple(row["variants"]),
+                row.get("tensor_parallel", 1),
+                row.get("fsdp", False),
+            ),
             [Run(**run) for run in row["runs"]],
             [Run(**run) for run in row.get("retried", [])],
         )

@@ -44,9 +44,14 @@ class StepTimer(L.Callback):
         self.loss = outputs["loss"] if isinstance(outputs, dict) else outputs
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Rank 0 writes steps/s, first-step time, final loss and weights checksum."""
+        """Rank 0 writes steps/s, first-step time, final loss and weights checksum.
+
+        Every rank computes the checksum: sharded parameters (DTensors under fsdp and tensor parallelism) sum
+        with collectives, which rank 0 alone would wait in forever.
+        """
+        checksum = weights_checksum(pl_module)
         if trainer.is_global_zero and self.clock is not None and self.loss is not None:
-            record = self.clock.record(float(self.loss), weights_checksum(pl_module), world_size=trainer.world_size)
+            record = self.clock.record(float(self.loss), checksum, world_size=trainer.world_size)
             write_record(record)
 
 

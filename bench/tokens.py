@@ -1,4 +1,4 @@
-"""Tokens per second of the language-model rows, every way side by side: steps/s x batch x block x processes."""
+"""Tokens per second of the language-model rows, every way side by side: steps/s x batch x block x dp processes."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ def tokens_table(rows: list[RowResult]) -> list[str]:
         "## Tokens per second",
         "",
         "Every process's tokens together: steps/s (the throughput table's medians) x batch per process x "
-        "block x processes.",
+        "block x data-parallel processes (the processes of a tensor-parallel group share their batch).",
         "",
         "| workload, layout | " + " | ".join(LABELS[v] for v in VARIANTS) + " | template / raw |",
         "| --- |" + " ---: |" * (len(VARIANTS) + 1),
     ]
     for result in language:
         workload = result.row.workload
-        per_step = workload.batch_size * workload.block_size * result.row.processes
+        per_step = workload.batch_size * workload.block_size * result.row.data_parallel
         rates = {v: result.median(v, "steps_per_s") for v in VARIANTS}
         tokens = {v: None if rate is None else rate * per_step for v, rate in rates.items()}
         ratio = result.ratio("template", "raw")

@@ -171,17 +171,30 @@ class Row:
     #: The ways that run it, in run order (quick mode leaves some out to stay short). The template runs between
     #: the two ways its targets compare it with, so each of its ratios is of runs minutes apart at most.
     variants: tuple[str, ...] = ("raw", "floor", "template", "plain")
+    #: Processes that split each layer (the template's ``parallel.tensor_parallel.size``; 1: none).
+    tensor_parallel: int = 1
+    #: With ``tensor_parallel``: FSDP over the data-parallel degree (2-D), instead of one tensor-parallel group.
+    fsdp: bool = False
 
     @property
     def key(self) -> str:
-        """Stable id, e.g. ``small-cpu-2``."""
-        return f"{self.workload.name}-{self.device}-{self.processes}"
+        """Stable id, e.g. ``small-cpu-2`` or ``chargpt-cpu-4-tp2-fsdp``."""
+        split = f"-tp{self.tensor_parallel}{'-fsdp' if self.fsdp else ''}" if self.tensor_parallel > 1 else ""
+        return f"{self.workload.name}-{self.device}-{self.processes}{split}"
+
+    @property
+    def data_parallel(self) -> int:
+        """Processes that train on different samples (a tensor-parallel group shares its batch)."""
+        return self.processes // self.tensor_parallel
 
     @property
     def title(self) -> str:
         """What the table calls it."""
         where = "1 GPU, bf16-mixed" if self.device == "gpu" else f"CPU, {self.processes} process"
-        if self.device == "cpu" and self.processes > 1:
+        if self.device == "cpu" and self.tensor_parallel > 1:
+            tp = f"TP {self.tensor_parallel}"
+            where += f"es ({f'FSDP {self.data_parallel} x {tp}' if self.fsdp else tp}, gloo)"
+        elif self.device == "cpu" and self.processes > 1:
             where += "es (DDP, gloo)"
         return f"{self.workload.title}, {where}"
 
@@ -206,6 +219,8 @@ CHARGPT = Workload(
     lr=1e-3, task=chargpt.TASK, block_size=128, optimizer="adamw",
 )  # fmt: skip
 QUICK_CHARGPT = replace(CHARGPT, title="char GPT 4x32, 8 x 32 tokens", hidden=32, batch_size=8, block_size=32, steps=30)
+# Four processes share two cores: fewer steps for the 2-D (FSDP x TP) row, the same model and batch per process.
+CHARGPT_4 = replace(CHARGPT, steps=60, warmup=10, max_processes=4)
 
 #: ``--startup``: the small MLP on 1, 2 and 4 processes, few steps: command to first step is what is measured.
 STARTUP = replace(SMALL, name="startup", steps=120, warmup=20, max_processes=4)
@@ -220,7 +235,8 @@ def rows(quick: bool, gpu: bool, ablate: bool = False, startup: bool = False, gp
         ablate: Also run the template without the callbacks that act on every step, and once with its
             per-step hooks timed.
         startup: Only the start-up rows (1, 2 and 4 processes, raw, plain and template, few steps).
-        gpt: Only the character-level GPT's rows (1 process every way, 2 processes raw and template).
+        gpt: Only the character-level GPT's rows (1 process every way, 2 processes raw and template; the template
+            with tensor parallel 2 on 2 processes and FSDP 2 x TP 2 on 4).
     """
     if startup:
         return [Row(STARTUP, n, variants=("raw", "plain", "template")) for n in (1, 2, 4)]
@@ -230,6 +246,9 @@ def rows(quick: bool, gpu: bool, ablate: bool = False, startup: bool = False, gp
         workload = QUICK_CHARGPT if quick else CHARGPT
         found = [Row(workload, 1, variants=("raw", "plain", "template") if quick else Row.variants)]
         found.append(Row(workload, 2, variants=("raw", "template")))
+        if not quick:  # tensor parallelism has no raw loop here: the template's tokens/s beside the rows above
+            found.append(Row(workload, 2, variants=("template",), tensor_parallel=2))
+            found.append(Row(CHARGPT_4, 4, variants=("template",), tensor_parallel=2, fsdp=True))
         return found + ([Row(workload, 1, "gpu")] if gpu and not quick else [])
     if quick:
         return [
