@@ -15,6 +15,8 @@ from pathlib import Path
 
 import lightning as L
 
+from project.checkpoints.atomic import atomic_write_text
+
 #: Seconds since boot (the clock of ``/proc/<pid>/stat``) when this module was imported: after ``import lightning``.
 IMPORTED_BOOT_S = time.clock_gettime(time.CLOCK_BOOTTIME)
 
@@ -45,7 +47,7 @@ class StartStamps(L.Callback):
             "first_step_wall": time.time(),
         }
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(stamp))
+        atomic_write_text(self.folder / f"rank{trainer.global_rank}.json", json.dumps(stamp))
 
 
 class DieWhileBuilding(L.Callback):

@@ -15,6 +15,7 @@ from pathlib import Path
 import lightning as L
 import torch.distributed as dist
 
+from project.checkpoints.atomic import atomic_write_text
 from project.lightning_private import launched_processes
 
 
@@ -69,7 +70,7 @@ class SignalAtStep(L.Callback):
             return
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         data = {"pid": os.getpid(), "signalled_at": self._signalled, "last_step": trainer.global_step}
-        Path(self.record, f"rank{rank}.json").write_text(json.dumps(data))
+        atomic_write_text(Path(self.record, f"rank{rank}.json"), json.dumps(data))
 
 
 class CountCollectives(L.Callback):
@@ -107,7 +108,7 @@ class CountCollectives(L.Callback):
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Write the counts."""
-        Path(self.record, f"collectives{trainer.global_rank}.json").write_text(json.dumps(self.counts))
+        atomic_write_text(Path(self.record, f"collectives{trainer.global_rank}.json"), json.dumps(self.counts))
 
 
 class StepFile(L.Callback):
