@@ -3,6 +3,9 @@
 - :class:`BroadNet`: 64 features -> ``hidden`` -> every hidden unit repeated ``repeat`` times -> 10 logits. Its
   parameters are small, its activations ``hidden x repeat`` floats per sample, so what fits depends on the
   micro-batch (no BatchNorm: the result must not depend on it).
+- :class:`SpikyNet`: a :class:`BroadNet` whose training forwards on one rank, after the first ``after``, need more
+  memory than there is whenever they hold more than ``above`` samples: a data-dependent spike in mid-run. The
+  allocation that fails is real (16 TiB: ``DefaultCPUAllocator: can't allocate memory``).
 - :class:`AddressSpaceLimit`: caps this process's address space (``RLIMIT_AS``) at ``on_fit_start`` to what it
   maps then plus ``headroom_mb``, on the listed ranks only (``None``: all), for the micro-batch search: a larger
   allocation fails with the CPU's real out-of-memory error (``DefaultCPUAllocator: can't allocate memory``). The
@@ -18,6 +21,7 @@ import resource
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 
@@ -33,6 +37,24 @@ class BroadNet(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Logits."""
         return self.out(torch.relu(self.inp(x)).repeat(1, self.repeat))
+
+
+class SpikyNet(BroadNet):
+    """:class:`BroadNet` that runs out of memory on rank ``rank`` after ``after`` training forwards of over ``above``."""
+
+    def __init__(self, rank: int = 0, after: int = 2, above: int = 16, **broad: int) -> None:
+        super().__init__(**broad)
+        self.rank, self.after, self.above = rank, after, above
+        self._forwards = 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits; the spike first."""
+        if self.training and torch.is_grad_enabled():
+            self._forwards += 1
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            if rank == self.rank and self._forwards > self.after and x.shape[0] > self.above:
+                torch.empty(2**44, dtype=torch.uint8)  # fails: what a spike beyond the device's memory does
+        return super().forward(x)
 
 
 def _mapped_bytes() -> int:

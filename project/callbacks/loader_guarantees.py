@@ -132,16 +132,16 @@ class LoaderGuaranteesCallback(L.Callback):
         return (self._built_train, self._sampler) if self._built_train is not None and self._sampler else None
 
     def use_micro_batch(self, micro: int, trials: tuple[tuple[int, bool], ...]) -> None:
-        """``micro_batch: auto`` picked ``micro``: the plan and the training loader Lightning takes next use it."""
+        """``micro_batch: auto`` picked ``micro``: the plan says so (the loader keeps whole steps, split later)."""
         assert self.plan is not None
-        self._micro, self._built_train = (micro, trials), None
+        self._micro = (micro, trials)
         self.plan = self.plan.with_micro_batch(micro, trials)
 
     def _training(self, loader: Any, trainer: L.Trainer) -> Any:
         self.plan = self.built_plan.with_data_batch(getattr(loader, "batch_size", None))
         if self._micro is not None:
             self.plan = self.plan.with_micro_batch(*self._micro)
-        per_device = self.plan.per_device_batch_size
+        per_device, accumulation = self.plan.loader_batches
         if per_device is None:
             self._record("training", Guarantee(False, "the training loader has no batch_size"), trainer)
             return loader
@@ -150,7 +150,7 @@ class LoaderGuaranteesCallback(L.Callback):
             world, rank, limit = self.plan.dp_size, self.plan.dp_rank(trainer.global_rank), trainer.limit_train_batches
             self._train_limit = limit
             loader, guarantee = install_training_sampler(
-                loader, per_device, world, rank, self.run_seed, self.plan.accumulation, limit
+                loader, per_device, world, rank, self.run_seed, accumulation, limit
             )
         except ValueError as error:
             raise UserError(f"data: {error}") from None
@@ -202,7 +202,7 @@ class LoaderGuaranteesCallback(L.Callback):
         epoch, done = self._position
         limit = self._train_limit if isinstance(self._train_limit, int) else float("inf")
         plan = self.plan
-        sizes = {"global_batch_size": plan.global_batch_size, "accumulation": plan.accumulation} if plan else {}
+        sizes = {"global_batch_size": plan.global_batch_size, "accumulation": plan.loader_batches[1]} if plan else {}
         stream = (
             # An epoch cut by an int limit_train_batches is over too: the next one reads the stream from its start.
             {"stream_state": self._stream.epoch_state, "stream_exhausted": self._stream.exhausted or done >= limit}

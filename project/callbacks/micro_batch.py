@@ -1,16 +1,15 @@
 """``parallel.micro_batch: auto``: the largest micro-batch that fits on every rank, picked at the start of ``fit``.
 
 The plan fixes the global batch; each process trains ``P = global / data-parallel size`` samples per optimizer
-step, in micro-batches of ``m`` with an accumulation of ``P / m``. Only speed and memory depend on ``m``, never the
-result (the sampler deals the same global batches, :mod:`project.parallel.samplers`), so the template may choose
-it: at ``on_fit_start`` (the model is wrapped and the optimizers exist; the training loader is not yet taken), it
-tries ``P``, then the largest divisor of ``P`` at most half of it, and so on (at most ``log2(P) + 1`` trials), each
-a real step on real samples whose effects are undone (:mod:`project.parallel.micro_batch`); the ranks agree on
-each verdict, so all keep one size. A resumed run keeps its checkpoint's accumulation (its data position counts
-micro-batches) and only checks that it fits.
+step, in micro-batches of ``m``. Only speed and memory depend on ``m``, never the result (the sampler deals the same
+global batches, :mod:`project.parallel.samplers`), so the template may choose it: at ``on_fit_start`` (the model is
+wrapped and the optimizers exist), it tries ``P``, then the largest divisor of ``P`` at most half of it, and so on
+(at most ``log2(P) + 1`` trials), each a real step on real samples whose effects are undone
+(:mod:`project.parallel.micro_batch`); the ranks agree on each verdict, so all keep one size.
 
-Under ``auto`` an integer ``val_check_interval`` or ``limit_train_batches`` counts optimizer steps (the micro-batch
-is not known when they are read); they are multiplied by the accumulation picked.
+Under ``auto`` the training loader hands each process its whole step and the template splits it into micro-batches
+itself (:mod:`project.parallel.split_step`), so that a step that runs out of memory later on any rank is done
+again, finer, by every rank. The data position of a checkpoint counts steps, so a resumed run searches afresh.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from torch.utils.data import DataLoader
 from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.errors import RunFailure, UserError
 from project.parallel.micro_batch import FAILED, FITS, agree, try_micro_batch
+from project.parallel.split_step import SplitStep
 from project.plan.batch import AUTO, micro_batch_candidates
 
 _PER_SAMPLE_STATISTICS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
@@ -37,7 +37,7 @@ def _fetch(loader: DataLoader, indices: list[Any]) -> Any:
 
 
 class MicroBatchSearch(L.Callback):
-    """Pick the micro-batch under ``micro_batch: auto`` and hand it to the loaders, the plan and the Trainer.
+    """Pick the micro-batch under ``micro_batch: auto``; hand it to the plan and to the split of each step.
 
     Args:
         loaders: The loader callback: its plan (resolved with the data batch) and the training loader it built.
@@ -45,6 +45,7 @@ class MicroBatchSearch(L.Callback):
 
     def __init__(self, loaders: LoaderGuaranteesCallback) -> None:
         self.loaders = loaders
+        self._split: SplitStep | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Try the candidate sizes, largest first, until one fits on every rank."""
@@ -60,7 +61,8 @@ class MicroBatchSearch(L.Callback):
             )
         loader, sampler = built
         trials: list[tuple[int, bool]] = []
-        for micro in self._candidates(plan.per_device_batch_size):
+        candidates = micro_batch_candidates(plan.per_device_batch_size)
+        for micro in candidates:
             samples = _fetch(loader, sampler.first_indices(micro))
             batch = trainer.strategy.batch_to_device(loader.collate_fn(samples))
             verdict, error = try_micro_batch(trainer, batch)
@@ -80,32 +82,30 @@ class MicroBatchSearch(L.Callback):
                 "use more processes, scenario fsdp, or a smaller model"
             )
         self.loaders.use_micro_batch(micro, tuple(trials))
-        self._apply(trainer, pl_module)
+        self._split = SplitStep(trainer, micro, candidates, plan.per_device_batch_size)
+        self._split.install()
+        self._say(trainer, pl_module)
 
-    def _candidates(self, per_device_step: int) -> list[int]:
-        """The sizes to try; a resumed run only its checkpoint's (the data position counts its micro-batches)."""
-        resuming = self.loaders.resuming or {}
-        saved = resuming.get("accumulation")
-        if saved is None:
-            return micro_batch_candidates(per_device_step)
-        if per_device_step % saved:
-            raise UserError(
-                f"parallel.micro_batch='auto': the checkpoint was trained with an accumulation of {saved}, which does "
-                f"not divide this run's {per_device_step} samples per process and step; resume on the checkpoint's "
-                "number of processes, or set parallel.accumulation"
-            )
-        return [per_device_step // saved]
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The module's own ``training_step`` back (a later ``fit`` searches again)."""
+        if self._split is not None:
+            self._split.uninstall()
+            self._split = None
 
-    def _apply(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """The picked accumulation on the Trainer (and on its step counts); the pick said in one line (rank 0)."""
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """As at the end of ``fit``."""
+        self.on_fit_end(trainer, pl_module)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The micro-batch in use and each time the run split finer (for the record: a resume searches again)."""
+        if self._split is None:
+            return {}
+        return {"micro_batch": self._split.micro, "split_finer": [list(drop) for drop in self._split.drops]}
+
+    def _say(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The pick in one line (rank 0), and a warning where a module normalises each micro-batch."""
         plan = self.loaders.plan
         assert plan is not None
-        accumulation = plan.accumulation
-        trainer.accumulate_grad_batches = accumulation
-        for name in ("val_check_interval", "limit_train_batches"):
-            value = getattr(trainer, name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                setattr(trainer, name, value * accumulation)  # read later, when the loop sets up its data
         if not trainer.is_global_zero:
             return
         sys.stderr.write(f"{plan.notes[0]}\n")

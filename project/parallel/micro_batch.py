@@ -38,32 +38,27 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
 
 
-class _Saved:
-    """Everything a trial step may change, copied before it (on the CPU: the copy must not cost device memory)."""
+class StepState:
+    """What a forward and backward change besides gradients, copied before them so that they can be undone.
 
-    def __init__(self, module: L.LightningModule, optimizers: list[torch.optim.Optimizer]) -> None:
-        self.tensors = {name: t.detach().to("cpu", copy=True) for name, t in _tensors(module)}
-        self.grads = {name: p.grad for name, p in module.named_parameters()}  # None at the start of fit
+    Buffers (a BatchNorm's running statistics; cloned where they are, they are small), the states of the module's
+    torchmetrics, the random generators (torch, CUDA, numpy, ``random``) and each submodule's train/eval mode.
+    """
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.buffers = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
         self.modes = {name: sub.training for name, sub in module.named_modules()}
-        self.optimizers = [(_copy(dict(opt.state)), [_copy(_group(g)) for g in opt.param_groups]) for opt in optimizers]
         self.metrics = {name: _copy(m.metric_state) for name, m in module.named_modules() if isinstance(m, Metric)}
         self.random = (torch.get_rng_state(), random.getstate(), np.random.get_state())
         self.cuda_random = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
 
-    def restore(self, module: L.LightningModule, optimizers: list[torch.optim.Optimizer]) -> None:
-        """Put every saved value back in place (the same tensors, so optimizers and wrappers keep pointing at them)."""
+    def restore(self, module: torch.nn.Module) -> None:
+        """Put every saved value back in place (into the same tensors, which wrappers keep pointing at)."""
         with torch.no_grad():
-            for name, tensor in _tensors(module):
-                tensor.copy_(self.tensors[name])
-        for name, param in module.named_parameters():
-            param.grad = self.grads[name]
+            for name, buffer in module.named_buffers():
+                buffer.copy_(self.buffers[name])
         for name, sub in module.named_modules():
             sub.training = self.modes[name]
-        for opt, (state, groups) in zip(optimizers, self.optimizers):
-            opt.state.clear()
-            opt.state.update(state)
-            for group, saved in zip(opt.param_groups, groups):
-                group.update(saved)
         for name, metric in module.named_modules():
             if isinstance(metric, Metric):
                 metric.reset()
@@ -76,9 +71,31 @@ class _Saved:
             torch.cuda.set_rng_state_all(self.cuda_random)
 
 
-def _tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    yield from module.named_parameters()
-    yield from (("buffer:" + name, buffer) for name, buffer in module.named_buffers())
+class _Saved:
+    """Everything a trial step may change: :class:`StepState`, and the parameters, gradients and optimizers.
+
+    The parameters are copied to the CPU: the copy must not cost device memory.
+    """
+
+    def __init__(self, module: L.LightningModule, optimizers: list[torch.optim.Optimizer]) -> None:
+        self.step = StepState(module)
+        self.params = {name: p.detach().to("cpu", copy=True) for name, p in module.named_parameters()}
+        self.grads = {name: p.grad for name, p in module.named_parameters()}  # None at the start of fit
+        self.optimizers = [(_copy(dict(opt.state)), [_copy(_group(g)) for g in opt.param_groups]) for opt in optimizers]
+
+    def restore(self, module: L.LightningModule, optimizers: list[torch.optim.Optimizer]) -> None:
+        """Put every saved value back in place (the same tensors, so optimizers and wrappers keep pointing at them)."""
+        with torch.no_grad():
+            for name, param in module.named_parameters():
+                param.copy_(self.params[name])
+        for name, param in module.named_parameters():
+            param.grad = self.grads[name]
+        for opt, (state, groups) in zip(optimizers, self.optimizers):
+            opt.state.clear()
+            opt.state.update(state)
+            for group, saved in zip(opt.param_groups, groups):
+                group.update(saved)
+        self.step.restore(module)
 
 
 def _group(group: dict[str, Any]) -> dict[str, Any]:
@@ -97,14 +114,32 @@ def _copy(value: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _quiet(module: L.LightningModule) -> Iterator[None]:
-    """``self.log`` does nothing during a trial: it is not a step of the run (and no loop collects it)."""
-    module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]
-    module.log_dict = lambda *args, **kwargs: None  # type: ignore[method-assign]
+def recording_logs(module: L.LightningModule, logged: list[tuple[str, tuple, dict]]) -> Iterator[None]:
+    """``self.log`` / ``self.log_dict`` calls kept in ``logged`` (name, args, kwargs) instead of being made.
+
+    A trial step is not a step of the run, and an attempt of a step counts only once every rank fitted it
+    (:mod:`project.parallel.split_step`); the values are kept detached.
+    """
+
+    def keeper(name: str) -> Any:
+        def keep(*args: Any, **kwargs: Any) -> None:
+            logged.append((name, tuple(_detached(a) for a in args), {k: _detached(v) for k, v in kwargs.items()}))
+
+        return keep
+
+    module.log, module.log_dict = keeper("log"), keeper("log_dict")  # type: ignore[method-assign]
     try:
         yield
     finally:
         del module.log, module.log_dict
+
+
+def _detached(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, dict):
+        return {key: _detached(item) for key, item in value.items()}
+    return value
 
 
 def _loss_of(output: Any) -> torch.Tensor:
@@ -128,7 +163,7 @@ def try_micro_batch(trainer: L.Trainer, batch: Any) -> tuple[int, BaseException 
     no_sync = getattr(strategy.model, "no_sync", None)
     verdict, caught = FITS, None
     try:
-        with no_sync() if callable(no_sync) else contextlib.nullcontext(), _quiet(module):
+        with no_sync() if callable(no_sync) else contextlib.nullcontext(), recording_logs(module, []):
             module.train()
             with strategy.precision_plugin.train_step_context():
                 loss = _loss_of(module.training_step(batch, 0))

@@ -82,7 +82,7 @@ def trainer_kwargs(plan: Plan) -> dict[str, Any]:
         "num_nodes": plan.num_nodes,
         "strategy": build_strategy(plan),
         "sync_batchnorm": plan.sync_batchnorm,
-        "accumulate_grad_batches": plan.accumulation,
+        "accumulate_grad_batches": plan.loader_batches[1],
         "precision": plan.precision,
     }
 

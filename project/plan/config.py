@@ -55,8 +55,9 @@ class ParallelConfig:
             the last one only). Any two of global, per-device and accumulation decide the third.
         micro_batch: Samples per device per forward/backward: an integer (the same as
             ``per_device_batch_size``), or ``auto``: the largest that fits on every rank, found by trial steps
-            at the start of ``fit``; the global batch stays fixed and the accumulation follows
-            (docs/parallel.md, "Automatic micro-batch").
+            at the start of ``fit`` and made smaller by every rank when a later step runs out of memory on
+            one; the global batch stays fixed and the accumulation follows (docs/parallel.md, "Automatic
+            micro-batch").
         lr_scaling: none | linear | sqrt: multiply the optimizer's learning rates by
             ``global_batch_size / reference_batch_size`` (or its square root), so the same config trains
             alike with another global batch.

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from project.errors import UserError
-from project.plan.batch import BatchRequest, batch_fields
+from project.plan.batch import AUTO, BatchRequest, batch_fields
 from project.plan.config import Hardware, ParallelConfig, refuse_unknown_choices
 from project.plan.environment import LaunchEnvironment, requested_launcher
 from project.plan.launch_notes import describe_launch
@@ -118,6 +118,26 @@ class Plan:
         )
 
     @property
+    def splits_in_step(self) -> bool:
+        """Whether the template splits each process's step into micro-batches itself (``micro_batch: auto``).
+
+        Then the training loader hands each process its whole step, and a data-dependent memory spike is survived
+        by splitting finer (:mod:`project.parallel.split_step`); otherwise Lightning accumulates loader batches.
+        """
+        return self.micro_batch == AUTO or bool(self.micro_batch_trials)
+
+    @property
+    def loader_batches(self) -> tuple[int | None, int]:
+        """``(samples per training-loader batch on a process, loader batches per optimizer step)``.
+
+        What the sampler deals and Lightning's ``accumulate_grad_batches``; the data position of a checkpoint
+        counts these batches.
+        """
+        if self.splits_in_step and self.per_device_batch_size is not None:
+            return self.per_device_batch_size * self.accumulation, 1
+        return self.per_device_batch_size, self.accumulation
+
+    @property
     def row(self) -> StrategyRow:
         """The strategy's row in the table: its builder and what it does (shards, checkpoint format)."""
         return STRATEGIES[self.strategy]
@@ -132,16 +152,28 @@ class Plan:
         return global_rank // self.degrees.get("tp", 1)
 
 
-def refuse_sharded_auto(config: ParallelConfig, row: StrategyRow) -> None:
-    """``micro_batch: auto`` only where a trial step needs no collective (a sharded step gathers and reduces).
+def refuse_auto(config: ParallelConfig, row: StrategyRow) -> None:
+    """``micro_batch: auto`` only where a micro-batch's step needs no collective, and without a loss scaler.
+
+    A sharded step gathers and reduces inside the forward and backward, so a rank out of memory there would leave
+    the others waiting. ``16-mixed`` scales each backward's loss by a GradScaler, which the template's own split
+    of a step into micro-batches does not apply.
 
     Raises:
-        UserError: ``auto`` under a strategy that shards parameters or optimizer state.
+        UserError: ``auto`` under a strategy that shards parameters or optimizer state, or with ``16-mixed``.
     """
-    if config.micro_batch == "auto" and (row.shards_parameters or row.shards_optimizer_state):
+    if config.micro_batch != AUTO:
+        return
+    if row.shards_parameters or row.shards_optimizer_state:
         raise UserError(
-            f"parallel.micro_batch='auto' is for scenarios whose trial steps run without collectives (cpu, ddp, dp, "
-            f"single); scenario {config.scenario!r} shards across processes: set parallel.micro_batch to a number"
+            f"parallel.micro_batch='auto' is for scenarios whose micro-batches run without collectives (cpu, ddp, "
+            f"dp, single); scenario {config.scenario!r} shards across processes: set parallel.micro_batch to a number"
+        )
+    if config.precision == "16-mixed":
+        raise UserError(
+            "parallel.micro_batch='auto' with parallel.precision='16-mixed': the float16 loss scaler is not applied "
+            "to the micro-batches the template splits a step into; use precision bf16-mixed, or set "
+            "parallel.micro_batch to a number"
         )
 
 
@@ -170,7 +202,7 @@ def resolve_plan(
     external = environment.external
     start_method = "fork" if is_interactive() and not external else "popen"
     strategy = strategy_name(layout.scenario, layout.world_size, layout.tp)
-    refuse_sharded_auto(config, STRATEGIES[strategy])
+    refuse_auto(config, STRATEGIES[strategy])
     launch, launch_notes = describe_launch(environment, layout.per_node, layout.num_nodes)
     settings = (*setting_notes(config, layout, strategy, start_method), *launch_notes)
     return Plan(

@@ -79,3 +79,28 @@ def test_auto_under_a_memory_cap_on_one_rank_or_all_picks_one_smaller_size_and_e
         got = weights(run)
         for key, value in fixed.items():
             assert torch.allclose(got[key], value, rtol=0, atol=1e-5), (name, key, (got[key] - value).abs().max())
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_spike_in_mid_run_on_one_rank_is_done_again_finer_by_every_rank_and_ends_at_the_same_weights(
+    tmp_path, fixed, processes
+):
+    # The last rank runs out of memory from its third training forward on, in micro-batches of over 16 samples:
+    # the search (1 forward) and step 0 fit whole steps; step 1 is done again in halves, down to 16 per process.
+    spike = ["--model.init_args.net", "memory_probe.SpikyNet", "--model.init_args.net.init_args.hidden", "64"]
+    spike += ["--model.init_args.net.init_args.rank", str(processes - 1)]
+    run, result = fit(tmp_path, processes, "--parallel.micro_batch", "auto", *spike)
+    step = GLOBAL // processes
+    plan = read_plan(run)
+    assert plan["micro_batch"] == step and plan["micro_batch_trials"] == [[step, True]], plan
+    said = [line for line in result.stderr.splitlines() if "ran out of memory on a rank in micro-batches" in line]
+    drops = {1: 3, 2: 2}[processes]  # 128 -> 64 -> 32 -> 16, or 64 -> 32 -> 16
+    assert len(said) == drops, result.stderr[-3000:]
+    assert said[-1].endswith(f"micro-batches of 16 (accumulation {step // 16}), which changes no result"), said
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    (state,) = [v for k, v in checkpoint["callbacks"].items() if k.startswith("MicroBatchSearch")]
+    assert state["micro_batch"] == 16 and [drop[0] for drop in state["split_finer"]] == [1] * drops, state
+    got = weights(run)
+    for key, value in fixed.items():
+        assert torch.allclose(got[key], value, rtol=0, atol=1e-5), (key, (got[key] - value).abs().max())

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import namedtuple
 
 import pytest
+import torch
 
 from project.errors import UserError
+from project.parallel.split_step import split_batch
 from project.plan.batch import micro_batch_candidates
 from project.plan.environment import LaunchEnvironment
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
@@ -71,7 +74,30 @@ def test_a_number_is_the_per_device_batch():
         ({"micro_batch": "auto", "scenario": "fsdp", "devices": 2}, "scenario 'fsdp' shards across processes"),
         ({"micro_batch": "auto", "scenario": "zero1", "devices": 2}, "scenario 'zero1' shards across processes"),
         ({"micro_batch": 12, "global_batch_size": 128, "scenario": "cpu", "devices": 2}, "does not divide"),
+        ({"micro_batch": "auto", "precision": "16-mixed"}, "the float16 loss scaler is not applied"),
     ],
 )
 def test_refusals_name_the_setting(fields, needle):
     assert needle in error(**fields)
+
+
+def test_under_auto_the_loader_hands_whole_steps_and_lightning_accumulates_nothing():
+    auto = plan(scenario="cpu", devices=2, global_batch_size=128, micro_batch="auto")
+    assert auto.loader_batches == (64, 1)
+    picked = auto.with_micro_batch(16, ((64, False), (32, False), (16, True)))
+    assert (picked.per_device_batch_size, picked.accumulation) == (16, 4)  # what each forward and backward takes
+    assert picked.loader_batches == (64, 1)  # what the sampler deals and the checkpoint's position counts
+    fixed = plan(scenario="cpu", devices=2, global_batch_size=128, micro_batch=16)
+    assert fixed.loader_batches == (16, 4)
+
+
+def test_a_batch_splits_along_the_samples_and_keeps_its_shape():
+    Pair = namedtuple("Pair", "x y")
+    batch = {"x": torch.arange(8).view(4, 2), "y": Pair(torch.arange(4), ["a", "b", "c", "d"]), "vocab": torch.ones(3)}
+    first, second = split_batch(batch, 4, 2)
+    assert first["x"].tolist() == [[0, 1], [2, 3]] and second["y"].x.tolist() == [2, 3]
+    assert second["y"].y == ["c", "d"] and isinstance(second["y"], Pair)
+    assert first["vocab"] is batch["vocab"]  # not of the samples' length: whole in each
+    assert [len(x) for x, _ in split_batch((torch.zeros(6, 1), torch.zeros(6)), 6, 3)] == [2, 2, 2]
+    with pytest.raises(UserError, match="has nothing of that length"):
+        split_batch({"x": torch.zeros(3)}, 4, 2)
