@@ -21,18 +21,13 @@ if TYPE_CHECKING:
 
 
 def apply_tensor_parallel(module: nn.Module, mesh: DeviceMesh, styles: Mapping[str, str]) -> None:
-    """Split ``module``'s submodules in place as ``styles`` says (module name -> colwise | rowwise | sequence)."""
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
+    """Split ``module``'s submodules in place as ``styles`` says (module name -> colwise | rowwise, or a hook)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     hooks = [name for name, style in styles.items() if style == HOOK]
     for name in hooks:
         module.get_submodule(name).parallelize(mesh)
-    kinds = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel, "sequence": SequenceParallel}
+    kinds = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     plan = {name: kinds[style]() for name, style in styles.items() if style != HOOK}
     if plan:
         parallelize_module(module, mesh, plan)

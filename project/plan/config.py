@@ -15,7 +15,8 @@ LrScaling = Literal["none", "linear", "sqrt"]
 Launcher = Literal["auto", "ray"]
 Sharding = Literal["full", "grad_op", "hybrid"]
 Precision = Literal["32", "64", "bf16-mixed", "16-mixed"]
-#: A tensor-parallel style for the modules a plan pattern matches (torch.distributed.tensor.parallel's styles).
+#: A tensor-parallel style for the modules a plan pattern matches (torch.distributed.tensor.parallel's styles);
+#: ``sequence`` is refused with its reason (project.plan.tensor_plan).
 TensorStyle = Literal["colwise", "rowwise", "sequence"]
 
 
@@ -27,8 +28,9 @@ class TensorParallel:
         size: Processes that split each layer's weights between them (the innermost degree: the ``size``
             consecutive ranks of a group share their data). 1: off.
         plan: ``auto`` (the template's GPT, and Linear pairs with only element-wise modules between them), or a
-            mapping from module-name patterns (``fnmatch``, e.g. ``"blocks.*.mlp.up"``) to ``colwise``,
-            ``rowwise`` or ``sequence``. A module with a ``parallelize(mesh)`` method parallelizes itself.
+            mapping from module-name patterns (``fnmatch``, e.g. ``"blocks.*.mlp.up"``) to ``colwise`` or
+            ``rowwise`` (``sequence`` is refused). A module with a ``parallelize(mesh)`` method parallelizes
+            itself.
     """
 
     size: int = 1

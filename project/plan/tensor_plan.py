@@ -2,9 +2,11 @@
 
 Pure (no process group): the ranks apply the result (:mod:`project.parallel.tensor_parallel`), ``plan`` shows it
 and counts what it divides. Styles, in Megatron's terms: ``colwise`` splits a Linear's output features (each rank
-computes its slice), ``rowwise`` its input features (each rank a partial sum, all-reduced), ``sequence`` runs a
-norm or dropout on a slice of the sequence. A ``colwise`` Linear feeds a ``rowwise`` one, with only element-wise
-modules between: one all-reduce per pair in the forward, one in the backward.
+computes its slice), ``rowwise`` its input features (each rank a partial sum, all-reduced). A ``colwise`` Linear
+feeds a ``rowwise`` one, with only element-wise modules between: one all-reduce per pair in the forward, one in the
+backward. ``sequence`` (a norm or dropout on a slice of the sequence) is refused: it is right only when the
+residual stream around it is sharded along the sequence too, which a pattern cannot say; a module's own
+``parallelize(mesh)`` can apply torch's ``SequenceParallel`` with its neighbours' layouts.
 
 ``auto`` knows the template's GPT (:mod:`project.models.gpt`: attention ``q_proj``/``k_proj``/``v_proj`` colwise,
 ``out_proj`` rowwise; MLP ``up`` colwise, ``down`` rowwise) and, in any ``nn.Sequential``, a Linear followed by
@@ -73,10 +75,15 @@ def _from_patterns(model: nn.Module, patterns: Mapping[str, str]) -> dict[str, s
     names = [name for name, _ in model.named_modules() if name]
     styles: dict[str, str] = {}
     for pattern, style in patterns.items():
-        if style not in ("colwise", "rowwise", "sequence"):
+        if style == "sequence":
             raise UserError(
-                f"parallel.tensor_parallel.plan[{pattern!r}]={style!r} is not one of colwise, rowwise, sequence"
+                f"parallel.tensor_parallel.plan[{pattern!r}]='sequence' is not built: sequence parallelism is right "
+                "only when the layers around it hand over activations sharded along the sequence, which a pattern "
+                "cannot say; split Linear layers colwise/rowwise, or give the module a parallelize(mesh) method "
+                "that applies torch's SequenceParallel with its neighbours' layouts"
             )
+        if style not in ("colwise", "rowwise"):
+            raise UserError(f"parallel.tensor_parallel.plan[{pattern!r}]={style!r} is not one of colwise, rowwise")
         matched = [name for name in names if fnmatch.fnmatchcase(name, pattern)]
         if not matched:
             example = ", ".join(names[:4])
@@ -93,8 +100,6 @@ def _check_divisible(model: nn.Module, styles: Mapping[str, str], tp: int) -> No
     modules = dict(model.named_modules())
     for name, style in styles.items():
         module = modules[name]
-        if style == "sequence":
-            continue
         if not isinstance(module, (nn.Linear, nn.Embedding)):
             raise UserError(
                 f"parallel.tensor_parallel.plan splits {name} ({type(module).__name__}) {style}; colwise and "
@@ -140,7 +145,7 @@ def resolve_tensor_plan(model: nn.Module, plan: str | Mapping[str, str], tp: int
         if plan != "auto":
             raise UserError(
                 f"parallel.tensor_parallel.plan={plan!r} must be 'auto' or a mapping of module-name patterns "
-                "to colwise, rowwise or sequence"
+                "to colwise or rowwise"
             )
         styles = _auto(model)
         if not styles:
@@ -160,8 +165,6 @@ def split_parameter_names(model: nn.Module, styles: Mapping[str, str]) -> set[st
     modules = dict(model.named_modules())
     names: set[str] = set()
     for name, style in styles.items():
-        if style == "sequence":
-            continue
         prefix = f"{name}." if name else ""
         params = [param for param, _ in modules[name].named_parameters()]
         if style == "rowwise" and isinstance(modules[name], nn.Linear):

@@ -80,6 +80,7 @@ def test_auto_splits_the_gpt_names_and_sequential_linear_pairs():
         (nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), {"layers.*": "colwise"}, "matches no module"),
         (nn.Sequential(nn.Linear(4, 8)), {"0": "diagonal"}, "is not one of colwise"),
         (nn.Sequential(nn.LayerNorm(4)), {"0": "colwise"}, "split nn.Linear and nn.Embedding only"),
+        (nn.Sequential(nn.LayerNorm(4)), {"0": "sequence"}, "'sequence' is not built"),
         (nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 2)), "auto", "found nothing to split"),
     ],
 )
