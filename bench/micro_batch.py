@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench.commands import REPO, environment
-from project.plan.batch import micro_batch_candidates
+from project.plan.micro_batch import micro_batch_candidates
 
 NETWORK = [
     "--model.init_args.net.init_args.hidden", "1024",

@@ -40,7 +40,7 @@ class BroadNet(nn.Module):
 
 
 class SpikyNet(BroadNet):
-    """:class:`BroadNet` that runs out of memory on rank ``rank`` after ``after`` training forwards of over ``above``."""
+    """:class:`BroadNet` out of memory on rank ``rank`` after ``after`` training forwards of over ``above`` samples."""
 
     def __init__(self, rank: int = 0, after: int = 2, above: int = 16, **broad: int) -> None:
         super().__init__(**broad)

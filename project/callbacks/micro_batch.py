@@ -25,7 +25,7 @@ from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.errors import RunFailure, UserError
 from project.parallel.micro_batch import FAILED, FITS, agree, try_micro_batch
 from project.parallel.split_step import SplitStep
-from project.plan.batch import AUTO, micro_batch_candidates
+from project.plan.micro_batch import AUTO, micro_batch_candidates
 
 _PER_SAMPLE_STATISTICS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
 

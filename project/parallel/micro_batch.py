@@ -17,13 +17,14 @@ from __future__ import annotations
 import contextlib
 import gc
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
 import torch.distributed as dist
+from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 from torchmetrics import Metric
 
 #: A trial's verdict on one rank (MIN over the ranks: an error anywhere wins, then out of memory anywhere).
@@ -166,7 +167,7 @@ def try_micro_batch(trainer: L.Trainer, batch: Any) -> tuple[int, BaseException 
         with no_sync() if callable(no_sync) else contextlib.nullcontext(), recording_logs(module, []):
             module.train()
             with strategy.precision_plugin.train_step_context():
-                loss = _loss_of(module.training_step(batch, 0))
+                loss = _loss_of(call_training_step(module.training_step, batch, 0))
             loss.backward()
             del loss
             for optimizer in optimizers:
@@ -183,6 +184,13 @@ def try_micro_batch(trainer: L.Trainer, batch: Any) -> tuple[int, BaseException 
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return verdict, caught
+
+
+def call_training_step(training_step: Callable[..., Any], batch: Any, batch_idx: int) -> Any:
+    """``training_step(batch[, batch_idx])``: ``batch_idx`` only where the method takes it, as Lightning passes it."""
+    if is_param_in_hook_signature(training_step, "batch_idx", min_args=2):
+        return training_step(batch, batch_idx)
+    return training_step(batch)
 
 
 def agree(verdict: int, device: torch.device) -> int:

@@ -37,6 +37,7 @@ from project.parallel.micro_batch import (
     OUT_OF_MEMORY,
     StepState,
     agree,
+    call_training_step,
     is_out_of_memory,
     recording_logs,
 )
@@ -139,12 +140,12 @@ class SplitStep:
         for name in ("training_step", "optimizer_zero_grad"):
             self._module.__dict__.pop(name, None)
 
-    def step(self, batch: Any, batch_idx: int = 0, *args: Any, **kwargs: Any) -> Any:
+    def step(self, batch: Any, batch_idx: int = 0) -> Any:
         """One optimizer step's forward and backward, in micro-batches; again, finer, if a rank ran out of memory."""
         while True:
             self._zero_grads(batch_idx)
             before, logged = StepState(self._module), []
-            verdict, output, error = self._attempt(batch, batch_idx, args, kwargs, logged)
+            verdict, output, error = self._attempt(batch, batch_idx, logged)
             agreed = agree(verdict, self.trainer.strategy.root_device)
             if agreed == FITS:
                 for name, log_args, log_kwargs in logged:  # the step counts: it fitted on every rank
@@ -163,7 +164,7 @@ class SplitStep:
             self._split_finer()
 
     def _attempt(
-        self, batch: Any, batch_idx: int, args: tuple, kwargs: dict, logged: list[tuple[str, tuple, dict]]
+        self, batch: Any, batch_idx: int, logged: list[tuple[str, tuple, dict]]
     ) -> tuple[int, Any, BaseException | None]:
         """This rank's try at the step: its verdict, its output (when it fitted) and its error (another failure).
 
@@ -174,7 +175,7 @@ class SplitStep:
             with recording_logs(self._module, logged):
                 losses, last = [], None
                 for chunk in split_batch(batch, self.per_process, parts):
-                    last = self._training_step(chunk, batch_idx, *args, **kwargs)
+                    last = call_training_step(self._training_step, chunk, batch_idx)
                     loss = _loss_of(last)
                     if loss is not None:
                         (loss / parts).backward()

@@ -12,6 +12,7 @@ from typing import Any
 
 from project.errors import UserError
 from project.plan.config import ParallelConfig
+from project.plan.micro_batch import AUTO, micro_batch_candidates, per_device_request
 
 
 @dataclass(frozen=True)
@@ -24,55 +25,6 @@ class BatchSizes:
     per_device: int | None
     global_: int | None
     accumulation: int = 1
-
-
-#: ``parallel.micro_batch``'s value that searches the largest micro-batch that fits (project.parallel.micro_batch).
-AUTO = "auto"
-
-
-def micro_batch_candidates(per_device_step: int) -> list[int]:
-    """The micro-batches ``auto`` tries, largest first.
-
-    Each is the largest divisor of ``per_device_step`` at most half the one before: at most
-    ``log2(per_device_step) + 1`` trials, and every one keeps the global batch whole.
-    """
-    found = [per_device_step]
-    while found[-1] > 1:
-        half = found[-1] // 2
-        found.append(max(d for d in range(1, half + 1) if per_device_step % d == 0))
-    return found
-
-
-def _per_device_request(
-    per_device_batch_size: int | None, micro_batch: int | str | None, accumulation: int | None
-) -> tuple[int | None, int | None, bool]:
-    """``per_device_batch_size`` as the section asks it, with ``micro_batch`` (its other name, or ``auto``).
-
-    Returns ``(per_device, accumulation, auto)``; under ``auto`` both are left to the search (``None``).
-
-    Raises:
-        UserError: ``auto`` beside an explicit per-device batch or accumulation, or two different sizes.
-    """
-    if micro_batch == AUTO:
-        given = [
-            f"{name}={value}"
-            for name, value in (("per_device_batch_size", per_device_batch_size), ("accumulation", accumulation))
-            if value is not None
-        ]
-        if given:
-            raise UserError(
-                f"parallel.micro_batch='auto' picks the per-device batch and the accumulation itself, but "
-                f"parallel.{' and parallel.'.join(given)} is set too; drop it, or set parallel.micro_batch to a number"
-            )
-        return None, None, True
-    if isinstance(micro_batch, str) or (micro_batch is not None and micro_batch < 1):
-        raise UserError(f"parallel.micro_batch={micro_batch!r} must be 'auto' or a number of samples >= 1")
-    if micro_batch is not None and per_device_batch_size not in (None, micro_batch):
-        raise UserError(
-            f"parallel.micro_batch={micro_batch} and parallel.per_device_batch_size={per_device_batch_size} are two "
-            "names of one setting with two values; keep one"
-        )
-    return micro_batch if micro_batch is not None else per_device_batch_size, accumulation, False
 
 
 def nearest_multiples(value: int, step: int) -> list[int]:
@@ -119,7 +71,7 @@ def resolve_batch(
     Raises:
         UserError: a size below 1, numbers that do not divide, or three numbers that disagree.
     """
-    per_device_batch_size, accumulation, auto = _per_device_request(per_device_batch_size, micro_batch, accumulation)
+    per_device_batch_size, accumulation, auto = per_device_request(per_device_batch_size, micro_batch, accumulation)
     if auto and global_batch_size is None and scenario != "dp" and data_batch_size is not None:
         global_batch_size = data_batch_size * world_size  # the global batch as without auto: one data batch each
     given = (

@@ -22,11 +22,12 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from project.errors import UserError
-from project.plan.batch import AUTO, BatchRequest, batch_fields
+from project.plan.batch import BatchRequest, batch_fields
 from project.plan.config import Hardware, ParallelConfig, refuse_unknown_choices
 from project.plan.environment import LaunchEnvironment, requested_launcher
 from project.plan.launch_notes import describe_launch
 from project.plan.layout import LaunchMismatchError, resolve_layout
+from project.plan.micro_batch import AUTO
 from project.plan.settings import resolve_backend, setting_notes
 from project.plan.strategies import STRATEGIES, StrategyRow, is_interactive, strategy_name
 

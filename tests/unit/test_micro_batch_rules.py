@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from project.errors import UserError
+from project.parallel.micro_batch import call_training_step
 from project.parallel.split_step import split_batch
-from project.plan.batch import micro_batch_candidates
 from project.plan.environment import LaunchEnvironment
+from project.plan.micro_batch import micro_batch_candidates
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 
 LOCAL = LaunchEnvironment(launcher="lightning", external=False)
@@ -101,3 +102,15 @@ def test_a_batch_splits_along_the_samples_and_keeps_its_shape():
     assert [len(x) for x, _ in split_batch((torch.zeros(6, 1), torch.zeros(6)), 6, 3)] == [2, 2, 2]
     with pytest.raises(UserError, match="has nothing of that length"):
         split_batch({"x": torch.zeros(3)}, 4, 2)
+
+
+def test_training_step_gets_batch_idx_only_where_it_takes_it():
+    class Module:
+        def with_idx(self, batch, batch_idx):
+            return (batch, batch_idx)
+
+        def without(self, batch):
+            return (batch,)
+
+    assert call_training_step(Module().with_idx, "b", 3) == ("b", 3)
+    assert call_training_step(Module().without, "b", 3) == ("b",)
