@@ -6,8 +6,9 @@
 Each row is one ``python -m project fit`` of the digits classifier (a wider network, no BatchNorm or dropout: the
 result does not depend on the micro-batch) with the global batch fixed: the fixed sizes are the ones ``auto`` would
 try, and ``auto`` picks one of them at the start of ``fit``. Throughput comes from the bench's step timer (the
-median of its windows, warm-up excluded), which ticks per micro-batch: divided by the accumulation it is optimizer
-steps/s. The search's cost shows in the wall time of the ``auto`` row. The weights checksum of each row (the sum
+median of its windows, warm-up excluded), which ticks per loader batch: a micro-batch (divided by the accumulation
+it is optimizer steps/s), or under ``auto`` a whole step, which the template splits itself. The search's cost shows
+in the wall time of the ``auto`` row. The weights checksum of each row (the sum
 of every parameter) shows that the runs trained alike, to float noise: the order of summation differs with the
 micro-batch, and 40 steps of AdamW carry it to the third decimal of a sum of a million weights.
 """
@@ -56,7 +57,10 @@ def fit(micro: str, processes: int, global_batch: int, steps: int, folder: Path)
         raise SystemExit(f"bench.micro_batch: micro_batch={micro} failed:\n{done.stderr[-2000:]}")
     (plan_file,) = cwd.glob("logs/**/plan.json")
     plan = json.loads(plan_file.read_text())
-    return {**json.loads(record.read_text()), "wall": wall, "micro": plan["micro_batch"], "acc": plan["accumulation"]}
+    # The timer ticks per loader batch: a micro-batch, except under auto, whose loader hands whole steps.
+    ticks = 1 if plan.get("micro_batch_trials") else plan["accumulation"]
+    record = json.loads(record.read_text())
+    return {**record, "wall": wall, "micro": plan["micro_batch"], "acc": plan["accumulation"], "ticks": ticks}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             row = fit(micro, args.processes, args.global_batch, args.steps, Path(folder))
             name = f"auto (picked {row['micro']})" if micro == "auto" else micro
             lines.append(
-                f"| {name} | {row['acc']} | {row['steps_per_s'] / row['acc']:.1f} | {row['wall']:.1f} "
+                f"| {name} | {row['acc']} | {row['steps_per_s'] / row['ticks']:.1f} | {row['wall']:.1f} "
                 f"| {row['checksum']:.6f} |"
             )
             print(lines[-1], flush=True)
