@@ -125,5 +125,5 @@ class StepFile(L.Callback):
     ) -> None:
         """Note the step; hold the step for ``delay_s`` (a slower model)."""
         if trainer.is_global_zero:
-            Path(self.path).write_text(f"{trainer.global_step}\n")
+            atomic_write_text(self.path, f"{trainer.global_step}\n")  # a reader never sees it empty
         threading.Event().wait(self.delay_s)
