@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import signal
+import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 
 from project.checkpoints import sharded_save
 from project.models.classifier import Classifier
+
+from helpers import descendants
 
 
 class KillBeforeShardedRename(L.Callback):
@@ -85,3 +92,79 @@ class GradientSyncRecorder(L.Callback):
         """Rank 0 writes the flags, one per line."""
         if trainer.is_global_zero:
             Path(self.path).write_text("\n".join(str(sync) for sync in self.syncs) + "\n")
+
+
+# Background (async) sharded saves: tests/distributed/test_async_sharded_save.py
+class _AtFinish(L.Callback):
+    """Act on rank 0 where a sharded save of global step ``step`` (to a file named ``name``) is swapped in.
+
+    The save's step is taken when it is saved (``on_save_checkpoint``, on the training thread): its swap happens
+    later, on the writer thread, when the training has moved on. Saves are swapped in the order they were made.
+    """
+
+    def __init__(self, step: int, name: str = "last.ckpt") -> None:
+        self.step = step
+        self.name = name
+        self._saved: collections.deque[int] = collections.deque()
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._saved.append(trainer.global_step)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        replace = sharded_save.replace
+
+        def finishing(source: Path, target: Path) -> None:
+            step = self._saved.popleft() if self._saved else trainer.global_step
+            if trainer.global_rank == 0 and step == self.step and target.name == self.name:
+                self.fault(trainer)
+            replace(source, target)
+
+        sharded_save.replace = finishing
+
+    def fault(self, trainer: L.Trainer) -> None:
+        raise NotImplementedError
+
+
+class KillWhileWriting(_AtFinish):
+    """SIGKILL every rank once the training is two steps past the save being written (on the writer thread)."""
+
+    def fault(self, trainer: L.Trainer) -> None:
+        assert threading.current_thread() is not threading.main_thread(), "the save was not written in the background"
+        deadline = time.monotonic() + 60
+        while trainer.global_step < self.step + 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        sys.stderr.write(f"fault: killing every rank at step {trainer.global_step}, step {self.step} unswapped\n")
+        sys.stderr.flush()
+        for pid in descendants(os.getpid()):  # rank 1 (Lightning's launcher starts it from rank 0)
+            os.kill(pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FailFinishing(_AtFinish):
+    """Rank 0's ``meta.pt`` and swap fail, as on a full disk."""
+
+    def fault(self, trainer: L.Trainer) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+class FailShards(L.Callback):
+    """Rank ``rank``'s DCP write of its shards fails at global step ``step``, as on a full disk."""
+
+    def __init__(self, step: int, rank: int = 1) -> None:
+        self.step = step
+        self.rank = rank
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        shard_writer = sharded_save.shard_writer
+
+        def failing(partial: Path) -> Any:  # on the training thread, at the save
+            writer = shard_writer(partial)
+            if trainer.global_rank == self.rank and trainer.global_step == self.step:
+
+                def write_data(plan: Any, planner: Any) -> Any:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+
+                writer.write_data = write_data  # type: ignore[method-assign]
+            return writer
+
+        sharded_save.shard_writer = failing

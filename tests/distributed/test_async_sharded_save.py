@@ -10,25 +10,22 @@ Real 2-process fsdp runs over gloo of test_fsdp's configuration (one epoch of 43
   and exit code 1, at the next save or at the end of ``fit``, and the checkpoint it was to replace is intact;
 - in this process, on a group of one: a removal queued behind a save waits for it, and is skipped if it failed.
 
-The faults are this module's callbacks, added by class path: this folder goes on the ranks' PYTHONPATH too.
+The faults are callbacks of ``tests/fsdp_faults.py``, added by class path (the runs are forked from the suite's
+imported server).
 """
 
 from __future__ import annotations
 
-import collections
 import errno
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
@@ -37,86 +34,9 @@ from test_fsdp import COMMON, CPU_FSDP, assert_close_weights, said
 from project.checkpoints import sharded, sharded_merge, sharded_save
 from project.checkpoints.sharded_async import AsyncShardedWriter, ShardedWriteError
 
-from helpers import cli_env, descendants, every_10_steps, read_plan, run_cli, run_dirs, two_at_a_time
+from helpers import every_10_steps, read_plan, run_cli, run_dirs, two_at_a_time
 
-ENV = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), cli_env()["PYTHONPATH"]])}
 STEPS = 1398 // 32  # one epoch
-
-
-# ------------------------------------------------------------------------------------------ the faults
-class _AtFinish(L.Callback):
-    """Act on rank 0 where a sharded save of global step ``step`` (to a file named ``name``) is swapped in.
-
-    The save's step is taken when it is saved (``on_save_checkpoint``, on the training thread): its swap happens
-    later, on the writer thread, when the training has moved on. Saves are swapped in the order they were made.
-    """
-
-    def __init__(self, step: int, name: str = "last.ckpt") -> None:
-        self.step = step
-        self.name = name
-        self._saved: collections.deque[int] = collections.deque()
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self._saved.append(trainer.global_step)
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        replace = sharded_save.replace
-
-        def finishing(source: Path, target: Path) -> None:
-            step = self._saved.popleft() if self._saved else trainer.global_step
-            if trainer.global_rank == 0 and step == self.step and target.name == self.name:
-                self.fault(trainer)
-            replace(source, target)
-
-        sharded_save.replace = finishing
-
-    def fault(self, trainer: L.Trainer) -> None:
-        raise NotImplementedError
-
-
-class KillWhileWriting(_AtFinish):
-    """SIGKILL every rank once the training is two steps past the save being written (on the writer thread)."""
-
-    def fault(self, trainer: L.Trainer) -> None:
-        assert threading.current_thread() is not threading.main_thread(), "the save was not written in the background"
-        deadline = time.monotonic() + 60
-        while trainer.global_step < self.step + 2 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        sys.stderr.write(f"fault: killing every rank at step {trainer.global_step}, step {self.step} unswapped\n")
-        sys.stderr.flush()
-        for pid in descendants(os.getpid()):  # rank 1 (Lightning's launcher starts it from rank 0)
-            os.kill(pid, signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-class FailFinishing(_AtFinish):
-    """Rank 0's ``meta.pt`` and swap fail, as on a full disk."""
-
-    def fault(self, trainer: L.Trainer) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-
-class FailShards(L.Callback):
-    """Rank ``rank``'s DCP write of its shards fails at global step ``step``, as on a full disk."""
-
-    def __init__(self, step: int, rank: int = 1) -> None:
-        self.step = step
-        self.rank = rank
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        shard_writer = sharded_save.shard_writer
-
-        def failing(partial: Path) -> Any:  # on the training thread, at the save
-            writer = shard_writer(partial)
-            if trainer.global_rank == self.rank and trainer.global_step == self.step:
-
-                def write_data(plan: Any, planner: Any) -> Any:
-                    raise OSError(errno.ENOSPC, "No space left on device")
-
-                writer.write_data = write_data  # type: ignore[method-assign]
-            return writer
-
-        sharded_save.shard_writer = failing
 
 
 # ------------------------------------------------------------------------------------------- the runs
@@ -124,11 +44,11 @@ def fit(cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     """test_fsdp's run (2 fsdp processes, ``last.ckpt`` every 10 steps, one epoch), no test after it, in ``cwd``."""
     cwd.mkdir(parents=True, exist_ok=True)
     args = ["fit", "--config", every_10_steps(), "--config", CPU_FSDP, *COMMON, "--test_after_fit", "false", *extra]
-    return run_cli(args, cwd, env=ENV)
+    return run_cli(args, cwd)
 
 
 def fault(class_path: str, **init_args: Any) -> str:
-    return "--trainer.callbacks+=" + json.dumps({"class_path": f"{__name__}.{class_path}", "init_args": init_args})
+    return "--trainer.callbacks+=" + json.dumps({"class_path": f"fsdp_faults.{class_path}", "init_args": init_args})
 
 
 def checkpoints(cwd: Path) -> Path:
