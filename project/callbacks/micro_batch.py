@@ -79,7 +79,7 @@ class MicroBatchSearch(L.Callback):
             tried = ", ".join(str(size) for size, _ in trials)
             raise RunFailure(
                 f"micro_batch auto: no micro-batch fits in memory on every rank (tried {tried} samples per process); "
-                "use more processes, scenario fsdp, or a smaller model"
+                "use more processes, a smaller model, or scenario fsdp with a fixed parallel.micro_batch"
             )
         self.loaders.use_micro_batch(micro, tuple(trials))
         self._split = SplitStep(trainer, micro, candidates, plan.per_device_batch_size)

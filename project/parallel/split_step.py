@@ -207,7 +207,8 @@ class SplitStep:
         if not self.smaller:
             raise RunFailure(
                 f"micro_batch auto: optimizer step {step} ran out of memory on a rank even in micro-batches of "
-                f"{self.micro} sample(s); use more processes, scenario fsdp, or a smaller model"
+                f"{self.micro} sample(s); use more processes, a smaller model, or scenario fsdp with a fixed "
+                "parallel.micro_batch"
             )
         before, self.micro = self.micro, self.smaller.pop(0)
         self.drops.append((step, before, self.micro))
