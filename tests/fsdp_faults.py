@@ -20,32 +20,48 @@ from project.models.classifier import Classifier
 from helpers import descendants
 
 
-class KillBeforeShardedRename(L.Callback):
-    """SIGKILL global rank 0 when a sharded save of global step ``step`` is complete but not yet under its name.
+class _AtFinish(L.Callback):
+    """Act on rank 0 where a sharded save of global step ``step`` (to a file named ``name``; ``None``: any) is
+    complete but not yet under its name (every rank's shards, DCP's ``.metadata`` and ``meta.pt`` are written).
 
-    Every rank has written its shards, DCP its ``.metadata`` and rank 0 ``meta.pt`` into the hidden folder; the
-    one rename that would make it ``last.ckpt`` never happens. (The other rank then loses rank 0 in the barrier.)
+    The save's step is taken when it is saved (``on_save_checkpoint``, on the training thread): its swap happens
+    later, on the writer thread, when the training has moved on. Saves are swapped in the order they were made.
     """
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, name: str | None = "last.ckpt") -> None:
         self.step = step
+        self.name = name
         self._saved: collections.deque[int] = collections.deque()
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        """Note the step this save holds: a background save is renamed later, on the writer thread."""
         self._saved.append(trainer.global_step)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Wrap the one function that moves a finished sharded checkpoint onto its name."""
         replace = sharded_save.replace
 
-        def dying_replace(source: Path, target: Path) -> None:
+        def finishing(source: Path, target: Path) -> None:
             step = self._saved.popleft() if self._saved else trainer.global_step
-            if step == self.step and trainer.global_rank == 0:
-                os.kill(os.getpid(), signal.SIGKILL)
+            if trainer.global_rank == 0 and step == self.step and self.name in (None, target.name):
+                self.fault(trainer)
             replace(source, target)
 
-        sharded_save.replace = dying_replace
+        sharded_save.replace = finishing
+
+    def fault(self, trainer: L.Trainer) -> None:
+        raise NotImplementedError
+
+
+class KillBeforeShardedRename(_AtFinish):
+    """SIGKILL global rank 0 when a sharded save of global step ``step`` is complete but not yet under its name.
+
+    The one rename that would make it ``last.ckpt`` never happens. (The other rank then loses rank 0 in the barrier.)
+    """
+
+    def __init__(self, step: int) -> None:
+        super().__init__(step, name=None)
+
+    def fault(self, trainer: L.Trainer) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class NanInOneShard(Classifier):
@@ -95,36 +111,6 @@ class GradientSyncRecorder(L.Callback):
 
 
 # Background (async) sharded saves: tests/distributed/test_async_sharded_save.py
-class _AtFinish(L.Callback):
-    """Act on rank 0 where a sharded save of global step ``step`` (to a file named ``name``) is swapped in.
-
-    The save's step is taken when it is saved (``on_save_checkpoint``, on the training thread): its swap happens
-    later, on the writer thread, when the training has moved on. Saves are swapped in the order they were made.
-    """
-
-    def __init__(self, step: int, name: str = "last.ckpt") -> None:
-        self.step = step
-        self.name = name
-        self._saved: collections.deque[int] = collections.deque()
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self._saved.append(trainer.global_step)
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        replace = sharded_save.replace
-
-        def finishing(source: Path, target: Path) -> None:
-            step = self._saved.popleft() if self._saved else trainer.global_step
-            if trainer.global_rank == 0 and step == self.step and target.name == self.name:
-                self.fault(trainer)
-            replace(source, target)
-
-        sharded_save.replace = finishing
-
-    def fault(self, trainer: L.Trainer) -> None:
-        raise NotImplementedError
-
-
 class KillWhileWriting(_AtFinish):
     """SIGKILL every rank once the training is two steps past the save being written (on the writer thread)."""
 
