@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -16,6 +17,16 @@ def import_object(path: str) -> Any:
     if not sep or not module:
         raise ValueError(f"{path!r} is not an import path (package.module.Name)")
     return getattr(importlib.import_module(module), name)
+
+
+def module_of(path: str) -> str:
+    """The module part of an import path (``a.b.Name`` -> ``a.b``; ``a.b:name`` -> ``a.b``); ``""`` if it has none."""
+    return path.rpartition(":")[0] if ":" in path else path.rpartition(".")[0]
+
+
+def within(module: str, roots: Iterable[str]) -> bool:
+    """Whether ``module`` is one of ``roots`` or inside one (``torch.nn.modules`` is within ``torch.nn``)."""
+    return any(module == root or module.startswith(f"{root}.") for root in roots)
 
 
 def names_object(path: Any, obj: Any) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +17,17 @@ from torch import nn
 
 from project.checkpoints.atomic import atomic_torch_save, atomic_write_text
 from project.checkpoints.diff import diff_state_dicts
-from project.checkpoints.loading import safe_load
-from project.dotted import import_object, names_object
+from project.checkpoints.loading import refuse_untrusted_import, safe_load
+from project.dotted import import_object, module_of, names_object
 from project.errors import UserError
 from project.export_program import PROGRAM_FILE, PROGRAM_FORMAT, STATE_DICT_FORMAT, load_program
 from project.lightning_private import WRAPPER_ATTRIBUTE, WRAPPER_CLASS_NAMES
 
 EXPORT_WEIGHTS = "model.pt"
 EXPORT_SPEC = "model.json"
+#: The modules whose networks :func:`rebuild` imports unasked (the template's, torch's); others the caller names:
+#: an export is a file people send each other, so its ``model.json`` never chooses what is imported.
+TRUSTED_MODULES = ("project.models", "torch.nn")
 # Attributes through which wrappers hold the module they wrap: DataParallel/DDP (`module`),
 # torch.compile (`_orig_mod`), Lightning's and Fabric's wrappers (see project.lightning_private).
 _WRAPPER_ATTRS = ("module", "_orig_mod", WRAPPER_ATTRIBUTE)
@@ -142,7 +145,7 @@ def network_spec(net: nn.Module, configured: Mapping[str, Any] | None = None) ->
     init_args = getattr(net, "init_args", None)
     if isinstance(init_args, dict):
         return {"class_path": class_path(net), "init_args": dict(init_args)}
-    if configured is not None and _builds(configured.get("class_path"), type(net)):
+    if configured is not None and names_object(configured.get("class_path"), type(net)):
         return {"class_path": configured["class_path"], "init_args": dict(configured.get("init_args") or {})}
     raise UserError(
         f"{class_path(net)} cannot be rebuilt from export/: it has no `init_args` dict and the config does not "
@@ -172,19 +175,17 @@ def check_rebuildable(spec: Mapping[str, Any], net: nn.Module) -> None:
         )
 
 
-def _builds(path: Any, cls: type) -> bool:
-    """Whether a config's ``class_path`` names ``cls`` (``torch.nn.Linear`` is ``torch.nn.modules.linear.Linear``)."""
-    return names_object(path, cls)
+def _module_class(path: Any, spec_file: Path, trusted: Iterable[str]) -> type[nn.Module]:
+    """The ``nn.Module`` subclass an export's ``model.json`` names, in a trusted module: else refused, nothing run.
 
-
-def _module_class(path: Any, spec_file: Path) -> type[nn.Module]:
-    """The ``nn.Module`` subclass an export's ``model.json`` names; anything else is refused before it is called.
-
-    An export folder is what people share: its ``model.pt`` is loaded weights-only, so its ``model.json`` must not
-    be a way to run arbitrary code either (``subprocess.Popen`` with ``init_args`` would run a command).
+    An export is what people share: ``model.pt`` loads weights-only, and ``model.json`` must not run code either.
     """
+    plain = isinstance(path, str) and ":" not in path
+    fix = f"call rebuild({str(spec_file.parent)!r}, trusted=[{module_of(path)!r}])" if plain else ""
+    roots = (*TRUSTED_MODULES, *((trusted,) if isinstance(trusted, str) else trusted))  # a str is one module
+    refuse_untrusted_import(path, f"'{spec_file}' names class_path", roots, fix)
     try:
-        found = import_object(path) if isinstance(path, str) else None
+        found = import_object(path)
     except (ImportError, AttributeError, ValueError) as error:
         raise UserError(f"'{spec_file}' names class_path {path!r}, which cannot be imported ({error})") from error
     if not (isinstance(found, type) and issubclass(found, nn.Module)):
@@ -218,16 +219,17 @@ def export_state_dict(
     return out
 
 
-def rebuild(folder: str | os.PathLike[str]) -> nn.Module:
+def rebuild(folder: str | os.PathLike[str], trusted: Iterable[str] = ()) -> nn.Module:
     """Rebuild the exported network from ``folder``, in eval mode; Lightning is never imported.
 
     ``model.json`` says how. ``{"class_path", "init_args"}``: the class is built (an ``nn.Module`` subclass only)
-    and ``model.pt`` loaded into it; needs torch and the network's own module. ``{"format": "torch.export"}`` (a
+    and ``model.pt`` loaded into it; needs torch and the network's module, within :data:`TRUSTED_MODULES` or
+    ``trusted`` (``trusted=["mypkg.nets"]``): the file never chooses what is imported. ``{"format": "torch.export"}`` (a
     network built in a LightningModule's ``__init__``): the program ``model.pt2`` is loaded, with torch alone,
     as a callable module that stays in eval mode (see :func:`project.export_program.load_program`).
 
     Raises:
-        UserError: no export there, a refused ``model.json`` or program, or an export of the state dict only.
+        UserError: no export there, a refused ``model.json`` (untrusted, no network) or program, a state dict only.
     """
     spec_file = Path(folder) / EXPORT_SPEC
     if not spec_file.is_file():
@@ -243,6 +245,6 @@ def rebuild(folder: str | os.PathLike[str]) -> nn.Module:
         )
     if kind is not None:
         raise UserError(f"'{spec_file}' has format {kind!r}; this version rebuilds class paths and {PROGRAM_FORMAT}")
-    net = _module_class(spec.get("class_path"), spec_file)(**spec.get("init_args", {}))
+    net = _module_class(spec.get("class_path"), spec_file, trusted)(**spec.get("init_args", {}))
     load_weights(net, Path(folder) / EXPORT_WEIGHTS)
     return net.eval()

@@ -37,6 +37,14 @@ _NAME = re.compile(r"[\w.+-]*")  # parameter, node, argument and symbol names, d
 _TEXT = re.compile(r"[^'\"\\\n\r]*")  # a string argument of an op (an einsum equation): no way out of a literal
 _GUARD_TEXT = re.compile(r"[^\"\\\n\r]*")  # torch puts a guard's text into a "..." literal of generated code
 _SYMBOL = re.compile(r"[a-z]{1,3}\d+")
+# What a graph node may call: torch walks any `torch.`/`_operator.`/`math.` path with getattr and calls what it finds
+# when the program runs (`torch.os.system` would run a command), so only registered operators (`torch.ops.aten.
+# linear.default`, looked up, never imported), the symbolic size functions and arithmetic are admitted.
+_OP = r"(?!__)\w+"
+_TARGET = re.compile(
+    rf"torch\.ops\.[a-z]\w*\.{_OP}(\.{_OP})?|torch\.sym_\w+|math\.[a-z]\w*"
+    r"|_operator\.(getitem|add|sub|mul|truediv|floordiv|mod|pow|neg|pos|abs|eq|ne|lt|le|gt|ge|and_|or_|not_)"
+)
 _FREE_TEXT = frozenset({"metadata", "torch_version"})  # stack traces, module paths: kept as strings, never run
 # fmt: off
 # The functions in the shape expressions torch writes (sympy's and torch.utils._sympy.functions').
@@ -153,6 +161,8 @@ def _unsafe_in_program(value: Any, key: str = "") -> str | None:
         guards = value if isinstance(value, list) else [value]
         bad = [g for g in guards if not (isinstance(g, str) and _GUARD_TEXT.fullmatch(g) and _parses(g, _guard))]
         return f"the guard code {bad[0]!r}" if bad else None
+    if key == "target":
+        return None if isinstance(value, str) and _TARGET.fullmatch(value) else f"the call target {value!r}"
     if key in ("in_spec", "out_spec"):
         return None if _treespec_ok(value) else f"the input/output structure {value!r}"
     if "custom_obj" in key and value:

@@ -9,12 +9,14 @@ import os
 import pickle
 import re
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from project.checkpoints import pending
+from project.dotted import module_of, within
 from project.errors import UserError, first_line
 
 #: Set to 1 to load a *trusted* file that needs arbitrary code (full pickle) to load.
@@ -92,6 +94,31 @@ def safe_load(path: str | os.PathLike[str]) -> Any:
         ) from error
     except Exception as error:  # torch raises RuntimeError, EOFError, BadZipFile, KeyError... for a damaged file
         raise UserError(f"'{file}' is truncated or corrupt and cannot be loaded ({first_line(error)})") from error
+
+
+def refuse_untrusted_import(path: Any, where: str, trusted: Iterable[str], fix: str) -> None:
+    """Refuse an import path that a file from outside names, unless its module is within ``trusted``; nothing imported.
+
+    Importing a module runs its code, so a received file (an export's ``model.json``, a checkpoint) never chooses
+    what is imported, just as it never chooses what is unpickled: only modules the code or its caller trusts.
+
+    Args:
+        path: The import path the file names (``package.module.Name``).
+        where: What names it, for the message (``'export/model.json' names class_path``).
+        trusted: The modules (and their submodules) that may be imported.
+        fix: How the caller vouches for the module (appended to the message); ``""`` when nothing can.
+
+    Raises:
+        UserError: ``path`` is no plain import path, or its module is outside ``trusted``.
+    """
+    module = module_of(path) if isinstance(path, str) and ":" not in path else ""
+    if module and within(module, trusted):
+        return
+    raise UserError(
+        f"{where} {path!r}, outside the modules it may import ({', '.join(trusted)}): importing a module runs its "
+        f"code, so a received file never chooses one and nothing was imported; "
+        + (f"if you trust the file and that module, {fix}" if fix else "fix the file")
+    )
 
 
 def load_lightning_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
