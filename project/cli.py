@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -114,10 +115,26 @@ def refuse_unknown_weights(command: str, model: L.LightningModule, chosen: Chose
 
 
 def refuse_mismatched_checkpoint(chosen: Chosen | None, model: L.LightningModule, trainer: L.Trainer) -> None:
-    """A checkpoint of another model than the config builds is one line; a good one is handed to Lightning."""
+    """A checkpoint of another model than the config builds is one line; a good one is handed to Lightning.
+
+    Layers a module builds in ``configure_model`` exist only once the Trainer has called it (under the strategy's
+    init context: meta tensors, shards): such a module is compared when Lightning reads the checkpoint, right
+    after that call and before it loads a single weight (:meth:`AtomicCheckpointIO.preload`'s check).
+    """
     if chosen is None or chosen.checkpoint is None:
         return
-    diff = diff_state_dicts(chosen.checkpoint["state_dict"], model.state_dict())
+    io = trainer.strategy.checkpoint_io
+    deferred = is_overridden("configure_model", model) and isinstance(io, AtomicCheckpointIO)
+    if not deferred:
+        _refuse_other_model(chosen, model, chosen.checkpoint)
+    if isinstance(io, AtomicCheckpointIO):
+        # Lightning gets it without reading the file again
+        io.preload(chosen.path, chosen.checkpoint, partial(_refuse_other_model, chosen, model) if deferred else None)
+
+
+def _refuse_other_model(chosen: Chosen, model: L.LightningModule, checkpoint: dict) -> None:
+    """One line when ``checkpoint``'s weights are not the ones ``model`` holds (names and shapes)."""
+    diff = diff_state_dicts(checkpoint["state_dict"], model.state_dict())
     if diff:
         run_config = Path(chosen.path).resolve().parent.parent / "config.yaml"
         config = f"--config {run_config}" if run_config.is_file() else "the config it was trained with"
@@ -125,9 +142,6 @@ def refuse_mismatched_checkpoint(chosen: Chosen | None, model: L.LightningModule
             f"--ckpt_path '{chosen.path}' is a checkpoint of another model than the config builds "
             f"({diff.describe()}; shapes are checkpoint vs config); run it with {config}"
         )
-    io = trainer.strategy.checkpoint_io
-    if isinstance(io, AtomicCheckpointIO):
-        io.preload(chosen.path, chosen.checkpoint)  # Lightning gets it without reading the file again
 
 
 def has_test_to_run(model: L.LightningModule, data: L.LightningDataModule | None) -> str | None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
 from project.checkpoints.sharded_merge import checkpoint_weights
@@ -117,6 +118,16 @@ class UnwrapEvalCallback(L.Callback):
         """
         if not self.export or stage != "fit" or self._spec is not None:
             return
+        if is_overridden("configure_model", pl_module):  # its layers exist from configure_model on: on_fit_start
+            return
+        self._find_spec(pl_module)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A module that builds its network in ``configure_model``: find it now that Lightning has called it."""
+        if self.export and self._spec is None:
+            self._find_spec(pl_module)
+
+    def _find_spec(self, pl_module: L.LightningModule) -> None:
         attribute, net = find_network(unwrap(pl_module), self.net_attribute)
         self.net_attribute = attribute
         try:

@@ -13,6 +13,7 @@ again: see :meth:`AtomicCheckpointIO.preload`. The CLI installs it, writing on a
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,10 +32,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def __init__(self) -> None:
         super().__init__()
         self._preloaded: tuple[Path, dict[str, Any]] | None = None
+        self._check: Callable[[dict[str, Any]], None] | None = None
 
-    def preload(self, path: str | os.PathLike[str], checkpoint: dict[str, Any]) -> None:
-        """Remember ``checkpoint``, already loaded from ``path``: the next load of that path returns it."""
+    def preload(
+        self,
+        path: str | os.PathLike[str],
+        checkpoint: dict[str, Any],
+        check: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        """Remember ``checkpoint``, already loaded from ``path``: the next load of that path returns it.
+
+        ``check`` is called with it first: a comparison that can only be made once Lightning has built the whole
+        model (layers made in ``configure_model``), which it does right before it reads the checkpoint.
+        """
         self._preloaded = (Path(path).resolve(), checkpoint)
+        self._check = check
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         """The preloaded checkpoint of ``path`` (once), else Lightning's own read; a sharded folder merged here."""
@@ -43,6 +55,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return load_full_checkpoint(path)
         if self._preloaded is not None and "://" not in str(path) and Path(path).resolve() == self._preloaded[0]:
             checkpoint, self._preloaded = self._preloaded[1], None
+            check, self._check = self._check, None
+            if check is not None:
+                check(checkpoint)
             return checkpoint
         if map_location is None:
             return super().load_checkpoint(path, weights_only=weights_only)

@@ -1,0 +1,60 @@
+"""Plain Lightning code written from scratch, as a new user would (issue 34), not the template's.
+
+- :class:`LazyClassifier`: its layers are built in ``configure_model`` (Lightning's hook for large models).
+- :class:`TwoValLoaders`: a datamodule with two validation loaders (metrics named ``<name>/dataloader_idx_<i>``).
+- :class:`TwoLoaderClassifier`: logs ``val/mse`` from each validation loader.
+- :class:`WritingDigits`: a datamodule whose ``prepare_data`` writes a file (a download), as many do.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class LazyClassifier(L.LightningModule):
+    """The network is built in ``configure_model``, not in ``__init__`` (meta-device init under FSDP needs it)."""
+
+    def __init__(self, hidden: int = 32, lr: float = 0.01) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net: nn.Module | None = None
+
+    def configure_model(self) -> None:
+        """Build the layers once (Lightning calls this hook for every stage)."""
+        if self.net is not None:
+            return
+        self.net = nn.Sequential(
+            nn.Flatten(), nn.Linear(64, self.hparams.hidden), nn.ReLU(), nn.Linear(self.hparams.hidden, 10)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits."""
+        return self.net(x)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Cross-entropy."""
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """Validation loss."""
+        x, y = batch
+        self.log("val/loss", F.cross_entropy(self(x), y), sync_dist=True)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """Test accuracy."""
+        x, y = batch
+        self.log("test/acc", (self(x).argmax(-1) == y).float().mean(), sync_dist=True)
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Predicted classes."""
+        return self(batch[0]).argmax(-1)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """SGD."""
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
