@@ -30,7 +30,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from project.checkpoints.loading import safe_load
 from project.checkpoints.sharded import is_sharded_checkpoint, read_checkpoint, read_summary
-from project.checkpoints.sharded_save import remove_partial
+from project.checkpoints.sharded_save import checkpoints_in, final_name, recover_swaps, remove_partial
 from project.errors import UserError
 
 #: ``--resume`` values: ``auto`` continues the newest good checkpoint of the run name, or starts fresh.
@@ -64,9 +64,9 @@ class RunName:
             runs = [self.root / self.version]
         else:
             runs = [p for p in self.root.iterdir() if p.is_dir()] if self.root.is_dir() else []
-        # Hidden files are the temporary halves of atomic writes, never checkpoints.
-        files = [f for run in runs for f in (run / "checkpoints").glob("*.ckpt") if not f.name.startswith(".")]
-        return sorted(files, key=lambda f: (f.stat().st_mtime_ns, f.name == "last.ckpt"), reverse=True)
+        # Hidden files are the temporary halves of atomic writes, never checkpoints (but see checkpoints_in).
+        files = [found for run in runs for found in checkpoints_in(run / "checkpoints")]
+        return sorted(files, key=lambda f: (f.stat().st_mtime_ns, final_name(f).name == "last.ckpt"), reverse=True)
 
 
 def _logger_section(trainer: Namespace) -> Any:
@@ -158,12 +158,13 @@ def _continue_in(trainer: Namespace, run: Path) -> None:
 
 
 def remove_partial_writes(chosen: Chosen | None) -> None:
-    """Delete a killed save's leftovers (hidden ``.*.tmp`` files) where a ``fit`` continues its run (rank 0).
+    """Where a ``fit`` continues its run (rank 0): complete a swap a kill interrupted, delete leftovers (``.*.tmp``).
 
     Called only once this run holds the run directory's lock (:class:`project.run_lock.TrainingLock`): before
     that, another training may still be writing there, and its write in progress is not a leftover.
     """
     if chosen is not None and chosen.continues and rank_zero_only.rank == 0:
+        recover_swaps(Path(chosen.path).parent)  # a swap by renames a kill interrupted: the newest onto its name
         remove_partial(Path(chosen.path).parent)  # files and sharded (FSDP) folders
 
 
@@ -207,10 +208,10 @@ def choose_checkpoint(
         _say(f"{asked}: no checkpoint of this run name under {name.root} yet, starting a new run")
         return None
     if command == "fit":
-        path = Path(found.path)
+        path = final_name(Path(found.path))  # where remove_partial_writes puts it, holding the run's lock
         run = path.parent.parent
         _continue_in(trainer, run)
-        found = replace(found, continues=True)
+        found = replace(found, path=str(path), continues=True)
         # Lightning warns about a non-empty checkpoint folder; continuing in it is the point here.
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         _say(f"Resuming from {path} ({found.describe()}); the run continues in {run}")

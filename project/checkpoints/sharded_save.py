@@ -2,8 +2,15 @@
 
 Every rank writes into a hidden ``.last.ckpt.<token>.tmp/`` folder; when all have finished (DCP writes
 ``.metadata`` only then) rank 0 adds ``meta.pt``, syncs, and swaps the folder onto its name in one
-``renameat2(RENAME_EXCHANGE)`` (two renames where the file system lacks it). A kill at any point leaves the
-previous checkpoint under the name, or a hidden folder that nothing resumes from (:func:`remove_partial`).
+``renameat2(RENAME_EXCHANGE)``. A kill at any point before it leaves the previous checkpoint under the name and
+a hidden folder that nothing resumes from (:func:`remove_partial`).
+
+Where the file system lacks the exchange (NFS, Lustre) the swap takes renames, each atomic, recoverable from any
+point (:func:`swap_by_renames`): the complete folder is first renamed ``.last.ckpt.<token>.new`` (the commit:
+from then on it is the newest checkpoint), the old one ``.last.ckpt.<token>.old``, the new one onto the name,
+and the old one removed. A kill in between leaves the newest complete checkpoint under ``.new`` (or the name):
+:func:`committed` finds it for ``--resume auto`` and :func:`recover_swaps` (the next run, holding the lock)
+completes the swap; an ``.old`` is never left behind.
 
 :func:`save_sharded` does all of it before returning (``parallel.async_save: false``);
 :mod:`project.checkpoints.sharded_async` runs the same steps in the background.
@@ -68,12 +75,95 @@ def replace(source: Path, target: Path) -> None:
         os.rename(source, target)
     elif _exchange(source, target):
         remove_path(source)
-    else:  # no atomic exchange here: two renames, the old one kept under a hidden name until the new is in place
-        old = target.with_name(f"{source.name}.old")
-        os.rename(target, old)
-        os.rename(source, target)
-        remove_path(old)
+    else:  # no atomic exchange here (NFS, Lustre): renames, each a step recover_swaps can complete
+        committed_name = swap_names(source)[0]
+        os.rename(source, committed_name)
+        _fsync_folder(target.parent)  # the commit is on disk before the old checkpoint leaves the name
+        swap_by_renames(committed_name)
     _fsync_folder(target.parent)
+
+
+_COMMITTED, _OLD = ".new", ".old"
+
+
+def swap_names(partial: Path) -> tuple[Path, Path, Path]:
+    """``.last.ckpt.<token>.tmp`` (or its ``.new``/``.old``) -> its committed name, its old name and its target."""
+    stem = partial.name
+    for suffix in (_COMMITTED, _OLD, ".tmp"):
+        stem = stem.removesuffix(suffix)  # `.tmp.old`: a swap of an earlier version of this module
+    name = stem.removeprefix(".").rpartition(".")[0]  # the token has no dot (hex, or mkstemp's letters)
+    folder = partial.parent
+    return folder / f"{stem}{_COMMITTED}", folder / f"{stem}{_OLD}", folder / name
+
+
+def swap_by_renames(committed_name: Path) -> None:
+    """Put a committed checkpoint (``.<name>.<token>.new``) onto its name, from whatever step a kill left it at.
+
+    The old checkpoint is renamed ``.old`` (the name is empty until the next rename), the committed one onto the
+    name, the old one removed. Each step is one atomic rename or a removal, and repeating this completes it.
+    """
+    _, old, target = swap_names(committed_name)
+    if target.exists() or target.is_symlink():
+        if old.exists() or old.is_symlink():
+            remove_path(old)  # older than what holds the name now: not needed to roll back
+        os.rename(target, old)
+    os.rename(committed_name, target)
+    _fsync_folder(target.parent)
+    remove_path(old)
+
+
+def _hidden(folder: Path, suffix: str, target: Path | None = None) -> list[Path]:
+    """The hidden ``.<name>.<token><suffix>`` paths in ``folder`` (of the name ``target`` only), oldest first."""
+    found = [p for p in folder.glob(f".*{suffix}") if target is None or swap_names(p)[2] == target]
+    return sorted(found, key=lambda p: p.lstat().st_mtime_ns)
+
+
+def committed(target: Path) -> Path | None:
+    """Where the newest complete checkpoint of the name ``target`` is; ``None`` for none.
+
+    A committed ``.new`` first, else the name, else the ``.old`` a kill left it under. Read only: nothing is renamed
+    (the run that holds the lock does that: :func:`recover_swaps`).
+    """
+    found = _hidden(target.parent, _COMMITTED, target)
+    if found:
+        return found[-1]
+    if target.exists():
+        return target
+    olds = _hidden(target.parent, _OLD, target)
+    return olds[-1] if olds else None
+
+
+def final_name(path: Path) -> Path:
+    """The name a checkpoint found by :func:`committed` (perhaps under a hidden swap name) goes onto."""
+    return swap_names(path)[2] if path.name.startswith(".") else path
+
+
+def checkpoints_in(folder: Path) -> list[Path]:
+    """Every checkpoint name's newest complete checkpoint in ``folder`` (:func:`committed`), hidden ones never else.
+
+    Hidden files and folders are the temporary halves of atomic writes, except where a kill during a swap by
+    renames left a name's newest complete checkpoint under a hidden name.
+    """
+    names = {f for f in folder.glob("*.ckpt") if not f.name.startswith(".")}
+    names |= {swap_names(p)[2] for p in (*_hidden(folder, _COMMITTED), *_hidden(folder, _OLD))}
+    return [found for name in names if (found := committed(name)) is not None]
+
+
+def recover_swaps(folder: Path) -> None:
+    """Complete the swaps by renames a kill interrupted in ``folder`` (by the run that holds its lock).
+
+    A committed ``.new`` goes onto its name; an ``.old`` is removed when its name holds a checkpoint, else put
+    back (a swap killed before its commit leaves no ``.new``: the name's checkpoint was never moved).
+    """
+    for committed_name in _hidden(folder, _COMMITTED):  # oldest first: the newest ends under the name
+        swap_by_renames(committed_name)
+    for old in _hidden(folder, _OLD):
+        target = swap_names(old)[2]
+        if target.exists() or target.is_symlink():
+            remove_path(old)
+        else:
+            os.rename(old, target)
+    _fsync_folder(folder)
 
 
 def partial_name(target: Path, token: str) -> Path:
