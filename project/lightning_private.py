@@ -36,6 +36,9 @@ Importing this module imports nothing from Lightning (``project.export`` uses it
    merged in one process with ``torch.distributed.checkpoint``'s ``_load_state_dict`` and
    ``_EmptyStateDictLoadPlanner`` (what its public ``dcp_to_torch_save`` uses; that function reads without the
    template's pickle policy): :func:`load_without_process_group`, :data:`EMPTY_LOAD_PLANNER`.
+9. What the sanity check logged per validation loader: ``trainer._results`` (each ``self.log`` call's name and
+   loader index). With several loaders ``callback_metrics`` holds none of them until the first real validation,
+   so a monitor on ``val/mse/dataloader_idx_0`` could not be proven before training (:func:`logged_per_loader`).
 """
 
 from __future__ import annotations
@@ -130,3 +133,18 @@ def skip_sigterm_broadcast(trainer: Any) -> None:
     loop = trainer.fit_loop.epoch_loop
     if hasattr(loop, "_broadcast_sigterm_tensor"):
         loop._broadcast_sigterm_tensor = lambda: None
+
+
+def logged_per_loader(trainer: Any) -> dict[str, set[int]]:
+    """What the last evaluation logged with a loader index: metric name -> the loaders' indices (``trainer._results``).
+
+    With several validation loaders Lightning puts no ``<name>/dataloader_idx_<i>`` into ``callback_metrics`` during
+    the sanity check (only from the first real validation on); its result collection holds each ``self.log`` call's
+    name and loader. Read once after the sanity check (:mod:`project.callbacks.checks`).
+    """
+    found: dict[str, set[int]] = {}
+    for result in (getattr(trainer, "_results", None) or {}).values():
+        meta = getattr(result, "meta", None)
+        if meta is not None and meta.add_dataloader_idx and meta.dataloader_idx is not None:
+            found.setdefault(meta.name, set()).add(int(meta.dataloader_idx))
+    return found

@@ -12,6 +12,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
+from user_code import PlainDigits
 
 
 class LazyClassifier(L.LightningModule):
@@ -58,3 +60,36 @@ class LazyClassifier(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """SGD."""
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class TwoValLoaders(PlainDigits):
+    """Two validation loaders (the held-out digits, then the test digits): Lightning names each metric per loader."""
+
+    def val_dataloader(self) -> list[DataLoader]:
+        """Two loaders."""
+        return [DataLoader(self.val, batch_size=self.bs), DataLoader(self.test, batch_size=self.bs)]
+
+
+class TwoLoaderRegressor(L.LightningModule):
+    """Logs ``val/mse`` from every validation loader (``val/mse/dataloader_idx_0`` and ``_1`` in Lightning's names)."""
+
+    def __init__(self, lr: float = 0.01) -> None:
+        super().__init__()
+        self.lr = lr
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Mean squared error against the one-hot labels."""
+        x, y = batch
+        loss = F.mse_loss(self.net(x), F.one_hot(y, 10).float())
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        """The same metric name from each loader."""
+        x, y = batch
+        self.log("val/mse", F.mse_loss(self.net(x), F.one_hot(y, 10).float()))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """SGD."""
+        return torch.optim.SGD(self.parameters(), lr=self.lr)

@@ -4,15 +4,19 @@ A ``ModelCheckpoint(monitor="val/acc")`` or ``EarlyStopping`` whose metric the m
 when it first saves, after a whole epoch, with a traceback. The sanity check (Lightning's validation pass
 before training) shows which metrics validation logs, so the mistake is one line before training instead.
 Monitors whose name starts with ``train`` are metrics of the training steps, which the sanity check cannot
-see; they are left to Lightning.
+see; they are left to Lightning. With several validation loaders Lightning names each loader's metric
+``<name>/dataloader_idx_<i>``, and only from the first real validation on: such a monitor is proven by the
+sanity check's own record of what each loader logged.
 """
 
 from __future__ import annotations
 
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from project.errors import UserError
+from project.lightning_private import logged_per_loader
 
 
 def monitored(trainer: L.Trainer) -> list[tuple[str, str]]:
@@ -24,12 +28,60 @@ def monitored(trainer: L.Trainer) -> list[tuple[str, str]]:
     return found
 
 
+def validates(trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
+    """Whether this fit has validation to run: a ``validation_step``, a validation loader, batches not limited to 0."""
+    source = trainer.datamodule if trainer.datamodule is not None else pl_module
+    return (
+        is_overridden("validation_step", pl_module)
+        and is_overridden("val_dataloader", source)
+        and trainer.limit_val_batches != 0
+    )
+
+
+def logged_in_validation(trainer: L.Trainer) -> list[str]:
+    """The metric names validation logged in the sanity check, per-loader names (Lightning's) included."""
+    names = set(trainer.callback_metrics)
+    per_loader = logged_per_loader(trainer)
+    if len(set().union(*per_loader.values())) > 1:  # one loader: Lightning adds no suffix
+        names |= {f"{name}/dataloader_idx_{index}" for name, indices in per_loader.items() for index in indices}
+    return sorted(names)
+
+
 class MonitoredMetricsCheck(L.Callback):
-    """Refuse, after the sanity check and before training, a monitored metric that validation never logs."""
+    """Refuse, after the sanity check and before training, a monitored metric that validation never logs.
+
+    At the end of a fit whose validation never ran (``val_check_interval`` beyond the steps trained), say so in one
+    line: no validation metric was logged, and nothing monitored one.
+    """
+
+    def __init__(self) -> None:
+        self.validated = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Count this fit's validations from here (the sanity check is not one)."""
+        self.validated = False
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A real validation ran."""
+        self.validated = self.validated or not trainer.sanity_checking
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """One line (rank 0) when the module validates but this fit ended before its first validation."""
+        if self.validated or not trainer.is_global_zero or not validates(trainer, pl_module):
+            return
+        watching = ", ".join(f"{name}(monitor={metric!r})" for name, metric in monitored(trainer))
+        print(
+            f"note: validation never ran in this fit: it ended at step {trainer.global_step}, before the first "
+            f"validation (val_check_interval={trainer.val_check_interval}, check_val_every_n_epoch="
+            f"{trainer.check_val_every_n_epoch}); no validation metric was logged"
+            + (f" and {watching} chose nothing" if watching else "")
+            + "; validate sooner with a smaller --trainer.val_check_interval",
+            flush=True,
+        )
 
     def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Compare the monitors with what the validation pass logged."""
-        logged = sorted(trainer.callback_metrics)
+        logged = logged_in_validation(trainer)
         for name, metric in monitored(trainer):
             if metric in logged or metric.startswith("train"):
                 continue

@@ -1,4 +1,4 @@
-"""``last.ckpt`` every ``every_s`` seconds of training and at every epoch end, agreed by the ranks in advance.
+"""``last.ckpt`` every ``every_s`` seconds of training, at every epoch end and of the final step, agreed in advance.
 
 What a crash costs is time, not steps: a checkpoint every N steps is a save every few milliseconds for a
 small model and one an hour for a large one. :class:`TimedCheckpoint` saves by the clock instead.
@@ -73,7 +73,10 @@ class SaveSchedule:
 
 
 class TimedCheckpoint(ModelCheckpoint):
-    """A ``ModelCheckpoint`` of the latest weights: every ``every_s`` seconds, every epoch, optionally every N steps.
+    """A ``ModelCheckpoint`` of the latest weights: every ``every_s`` seconds, every epoch, at the final step.
+
+    The final step of a fit that ends is always saved, so ``--ckpt_path last`` and ``--resume auto`` are its last
+    weights; optionally every N steps as well.
 
     Args:
         every_s: Seconds of training (wall clock, validation included) between saves; ``None``: not by time.
@@ -114,6 +117,7 @@ class TimedCheckpoint(ModelCheckpoint):
         self.every_n_steps = every_n_steps
         self.schedule = SaveSchedule(every_s) if every_s is not None else None
         self._seen_step = -1
+        self._start_step = 0
         self._next_check = 0
         self._active = True  # False under fast_dev_run (no checkpoints, as ModelCheckpoint)
         self._one_process = True
@@ -129,7 +133,7 @@ class TimedCheckpoint(ModelCheckpoint):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Start the clock; the first check under DDP is after the first step (it measures the step rate)."""
         super().on_train_start(trainer, pl_module)
-        self._seen_step = trainer.global_step
+        self._seen_step = self._start_step = trainer.global_step
         self._next_check = trainer.global_step + 1
         # Read once: these Trainer properties walk several objects, and this hook runs every step.
         self._active, self._one_process = not trainer.fast_dev_run, trainer.world_size == 1
@@ -157,7 +161,16 @@ class TimedCheckpoint(ModelCheckpoint):
                 verdict = self.schedule.check(step) if trainer.is_global_zero else None
                 due, self._next_check = trainer.strategy.broadcast(verdict, src=0)
                 save = save or due
-        if save:
+        if save or step == trainer.max_steps:  # the final step of a max_steps run, saved where a resume is exact
+            self._save(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A fit that ended (max_steps, max_epochs, max_time, early stopping, ``should_stop``): its final step saved.
+
+        Every rank ends at the same step (Lightning agrees on the stop), so the save is collective as it must be.
+        """
+        trained = trainer.global_step > self._start_step  # a resume of a finished run trains (and saves) nothing
+        if self._active and trained and self._last_global_step_saved != trainer.global_step:
             self._save(trainer)
 
     def save_now(self, trainer: L.Trainer) -> str:
@@ -169,6 +182,7 @@ class TimedCheckpoint(ModelCheckpoint):
         # As ModelCheckpoint does: the path is set first, since it is part of the state being saved.
         previous, self.best_model_path = self.best_model_path, filepath
         trainer.save_checkpoint(filepath, self.save_weights_only)
+        self._last_global_step_saved = trainer.global_step
         if previous and previous != filepath:
             trainer.strategy.remove_checkpoint(previous)
         if trainer.is_global_zero:

@@ -1,0 +1,81 @@
+"""Issue 34: plain Lightning code written from scratch, run through the template (``tests/user_lightning_shapes.py``).
+
+- A monitor on one of several validation loaders (``val/mse/dataloader_idx_0``, Lightning's own naming) is proven by
+  the sanity check, as plain Lightning's ModelCheckpoint accepts it; a loader that does not exist is still one line.
+- The final step of a fit is always in ``last.ckpt``; a fit whose validation never ran says so in one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from helpers import DIGITS, FAST, assert_clean_error, run_cli
+
+TWO_LOADERS = """
+model:
+  class_path: user_lightning_shapes.TwoLoaderRegressor
+data:
+  class_path: user_lightning_shapes.TwoValLoaders
+trainer:
+  max_epochs: 1
+  limit_train_batches: 5
+  enable_progress_bar: false
+  enable_model_summary: false
+  logger:
+    class_path: lightning.pytorch.loggers.TensorBoardLogger
+    init_args: {save_dir: logs, name: two}
+  callbacks:
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args: {monitor: MONITOR, mode: min}
+"""
+
+
+def _two_loaders(tmp_path: Path, monitor: str) -> list[str]:
+    config = tmp_path / "two.yaml"
+    config.write_text(TWO_LOADERS.replace("MONITOR", monitor))
+    return ["fit", "--config", str(config)]
+
+
+def test_a_monitor_on_one_of_several_validation_loaders_is_accepted_and_saves_by_it(tmp_path):
+    result = run_cli(_two_loaders(tmp_path, "val/mse/dataloader_idx_1"), tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    (saved,) = (tmp_path / "logs" / "two" / "version_0" / "checkpoints").glob("*.ckpt")
+    states = torch.load(saved, weights_only=True)["callbacks"]
+    (state,) = (value for key, value in states.items() if key.startswith("ModelCheckpoint"))
+    assert state["monitor"] == "val/mse/dataloader_idx_1" and state["best_model_score"] is not None
+
+
+def test_a_monitor_on_a_validation_loader_that_does_not_exist_is_one_line(tmp_path):
+    result = run_cli(_two_loaders(tmp_path, "val/mse/dataloader_idx_2"), tmp_path)
+    assert_clean_error(
+        result,
+        "ModelCheckpoint(monitor='val/mse/dataloader_idx_2'): TwoLoaderRegressor never logs",
+        "it logs val/mse/dataloader_idx_0, val/mse/dataloader_idx_1",
+    )
+    assert not (tmp_path / "logs" / "two").exists() or not any((tmp_path / "logs" / "two").iterdir())
+
+
+def _digits(*extra: str) -> list[str]:
+    return ["fit", "--config", DIGITS, "--config", FAST, "--test_after_fit", "false", *extra]
+
+
+def test_max_steps_off_an_epoch_end_and_off_a_timed_save_is_in_last_ckpt(tmp_path):
+    # 19 steps an epoch: step 30 is neither an epoch end nor (every_s: 60) a timed save.
+    result = run_cli(_digits("--trainer.max_epochs", "5", "--trainer.max_steps", "30"), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = tmp_path / "logs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 30
+    assert "validation never ran" not in result.stdout
+
+
+def test_a_fit_whose_validation_never_ran_says_so_in_one_line(tmp_path):
+    never = ("--trainer.val_check_interval", "50", "--trainer.check_val_every_n_epoch", "null")
+    result = run_cli(_digits("--trainer.max_epochs", "5", "--trainer.max_steps", "30", *never), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = [line for line in result.stdout.splitlines() if "validation never ran" in line]
+    assert line.startswith("note: ") and "ended at step 30" in line and "val_check_interval=50" in line
+    assert "BestCheckpoint(monitor='val/acc') chose nothing" in line
+    last = tmp_path / "logs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 30
