@@ -6,7 +6,8 @@ Two kinds, each installed one way:
   :class:`NonFiniteLossCallback`, a prediction writer other than the default, and any progress bar;
 - the template's own, on every run, from :func:`template_callbacks`: the loader guarantees, ``plan.json``,
   every rank's random state, the search of ``micro_batch: auto`` (:class:`MicroBatchSearch`), the
-  monitored-metric check, the unused-parameter check (DDP), the learning-rate
+  monitored-metric check, the unused-parameter check (DDP), the trainable set followed under DDP and kept on
+  resume (:class:`TrainableSetCallback`), the replicas compared at every save (:class:`ReplicaGuard`), the learning-rate
   scaling and warmup when the ``parallel`` section asks for them, straggler detection on several processes,
   :class:`PredictionsWriter` on ``predict`` unless the config lists a prediction writer, and
   :class:`ProgressBar` unless the config names a progress bar or turns it off; in a trial of
@@ -28,11 +29,14 @@ from project.callbacks.nonfinite import NonFiniteLossCallback
 from project.callbacks.predictions import PredictionsWriter, lists_prediction_writer
 from project.callbacks.preemption import StopOnSignal
 from project.callbacks.progress import ProgressBar
+from project.callbacks.replica_guard import ReplicaGuard
 from project.callbacks.rng import RandomStateCallback
 from project.callbacks.run_record import RunRecordCallback
 from project.callbacks.stragglers import StragglerCallback
 from project.callbacks.timed_checkpoint import TimedCheckpoint
+from project.callbacks.trainable_set import TrainableSetCallback
 from project.callbacks.unwrap import UnwrapEvalCallback
+from project.parallel.hang import HangRecorder
 from project.sweep.pruning import sweep_trial_callbacks
 
 __all__ = [
@@ -46,10 +50,12 @@ __all__ = [
     "PredictionsWriter",
     "ProgressBar",
     "RandomStateCallback",
+    "ReplicaGuard",
     "RunRecordCallback",
     "StopOnSignal",
     "StragglerCallback",
     "TimedCheckpoint",
+    "TrainableSetCallback",
     "UnusedParametersCheck",
     "UnwrapEvalCallback",
     "lists_prediction_writer",
@@ -84,7 +90,10 @@ def template_callbacks(
         own.append(LearningRateCallback(loaders))
     own += [RunRecordCallback(loaders), RandomStateCallback(ckpt_path), MonitoredMetricsCheck()]
     own.append(UnusedParametersCheck())  # DDP: parameters that got no gradient, named before the first step
+    # DDP reduces what trains now (fine-tuning), the trainable set survives a resume; replicas compared at each save
+    own += [TrainableSetCallback(), ReplicaGuard(loaders.built_plan if loaders is not None else None)]
     own += [stragglers] if stragglers is not None else []
+    own.append(HangRecorder())  # several processes: at a stall every rank's stacks in hang/, the stuck rank named
     own += [PredictionsWriter()] if predictions else []
     own += [stop] if stop is not None else []
     own += sweep_trial_callbacks()  # a trial of `python -m project sweep` (its environment says so): report, prune

@@ -1,0 +1,190 @@
+"""User code for the replica guard, fine-tuning and own-batch-sampler tests: written as users write it.
+
+- :class:`PerturbOneRank`: a callback that changes one rank's weights (a rank-dependent update, a bit flip);
+  :class:`CountAllReduces` counts each step's all-reduces.
+- :class:`BackboneClassifier`: a plain module with a ``backbone`` attribute, for Lightning's BackboneFinetuning;
+  its optimizer takes only what trains when it is built (Lightning's documented recipe).
+- :class:`BucketBatches` (a plain Sampler yielding index lists) and :class:`BucketBatchSampler` (a torch
+  BatchSampler subclass): length-bucketing batch samplers over variable-length sequences, padded by
+  :func:`pad_collate`; :class:`Sequences` is their datamodule, :class:`SequenceClassifier` a masked model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from preempt_faults import CountCollectives
+from torch import Tensor, nn
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, SequentialSampler
+
+
+class PerturbOneRank(L.Callback):
+    """After optimizer step ``step``, add ``delta`` to the first weight of rank ``rank`` only."""
+
+    def __init__(self, step: int, rank: int = 1, delta: float = 1e-3) -> None:
+        self.step, self.rank, self.delta = step, rank, delta
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        """Perturb this rank's weights once."""
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            with torch.no_grad():
+                next(pl_module.parameters()).view(-1)[0] += self.delta
+
+
+class BackboneClassifier(L.LightningModule):
+    """Digits through a small backbone and a head; SGD over the parameters that train when it is built."""
+
+    def __init__(self, lr: float = 0.05, hidden: int = 32) -> None:
+        super().__init__()
+        self.lr = lr
+        self.backbone = nn.Sequential(nn.Linear(64, hidden), nn.Tanh())
+        self.head = nn.Linear(hidden, 10)
+        self.net = nn.Sequential(self.backbone, self.head)  # what export/ holds (the same parameters)
+
+    def _loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Cross-entropy."""
+        loss = self._loss(batch)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """Validation loss."""
+        self.log("val/loss", self._loss(batch))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """Only the trainable parameters (the backbone is frozen by BackboneFinetuning at setup)."""
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.lr)
+
+
+class Sequences(Dataset):
+    """``count`` integer sequences of lengths 3 to 12; the label is whether their sum is even."""
+
+    def __init__(self, count: int = 480, seed: int = 3) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(3, 13, (count,), generator=generator)
+        self.items = [torch.randint(0, 16, (int(n),), generator=generator) for n in lengths]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        seq = self.items[index]
+        return seq, int(seq.sum()) % 2
+
+
+def pad_collate(samples: list[tuple[Tensor, int]]) -> dict[str, Tensor]:
+    """Pad to the batch's longest sequence; a mask marks the real tokens."""
+    longest = max(len(seq) for seq, _ in samples)
+    tokens = torch.zeros(len(samples), longest, dtype=torch.long)
+    mask = torch.zeros(len(samples), longest)
+    for row, (seq, _) in enumerate(samples):
+        tokens[row, : len(seq)], mask[row, : len(seq)] = seq, 1.0
+    return {"tokens": tokens, "mask": mask, "label": torch.tensor([label for _, label in samples])}
+
+
+def _buckets(lengths: list[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """Indices sorted by length, cut into batches, the batches shuffled (seeded by seed and epoch)."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches = [order[i : i + batch_size] for i in range(0, len(order) - batch_size + 1, batch_size)]
+    generator = torch.Generator().manual_seed(seed + epoch)
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+
+class BucketBatches(Sampler[list[int]]):
+    """A plain Sampler that yields lists of indices of similar length (``DataLoader(batch_sampler=...)``)."""
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int = 0) -> None:
+        self.lengths, self.batch_size, self.seed, self.epoch = lengths, batch_size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle the buckets per epoch."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(_buckets(self.lengths, self.batch_size, self.seed, self.epoch))
+
+    def __len__(self) -> int:
+        return len(self.lengths) // self.batch_size
+
+
+class BucketBatchSampler(BatchSampler):
+    """The same bucketing as a torch ``BatchSampler`` subclass (over a sampler, as its constructor asks)."""
+
+    def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool = True, lengths=None) -> None:
+        super().__init__(sampler, batch_size, drop_last)
+        self.lengths = lengths
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(_buckets(self.lengths, self.batch_size, 0, 0))
+
+    def __len__(self) -> int:
+        return len(self.lengths) // self.batch_size
+
+
+class SequenceData(L.LightningDataModule):
+    """Variable-length sequences batched by length; ``form``: ``sampler`` (a plain Sampler) or ``batch_sampler``."""
+
+    def __init__(self, batch_size: int = 16, form: str = "sampler") -> None:
+        super().__init__()
+        self.batch_size, self.form = batch_size, form
+
+    def setup(self, stage: str | None = None) -> None:
+        """The sequences: the first 400 train, the rest validate."""
+        data = Sequences()
+        self.train = torch.utils.data.Subset(data, range(400))
+        self.val = torch.utils.data.Subset(data, range(400, len(data)))
+
+    def train_dataloader(self) -> DataLoader:
+        """Batched by length."""
+        lengths = [len(self.train[i][0]) for i in range(len(self.train))]
+        if self.form == "sampler":
+            batches = BucketBatches(lengths, self.batch_size)
+        else:
+            batches = BucketBatchSampler(SequentialSampler(self.train), self.batch_size, True, lengths)
+        return DataLoader(self.train, batch_sampler=batches, collate_fn=pad_collate)
+
+    def val_dataloader(self) -> DataLoader:
+        """In order."""
+        return DataLoader(self.val, batch_size=16, collate_fn=pad_collate)
+
+
+class SequenceClassifier(L.LightningModule):
+    """Embeddings averaged over the real tokens (the padding masked out), then a linear head."""
+
+    def __init__(self, lr: float = 0.1) -> None:
+        super().__init__()
+        self.lr = lr
+        self.embed = nn.Embedding(16, 16)
+        self.head = nn.Linear(16, 2)
+
+    def _loss(self, batch: dict[str, Tensor]) -> Tensor:
+        mask = batch["mask"].unsqueeze(-1)
+        pooled = (self.embed(batch["tokens"]) * mask).sum(1) / mask.sum(1)
+        return F.cross_entropy(self.head(pooled), batch["label"])
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        """Cross-entropy over the batch."""
+        loss = self._loss(batch)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        """Validation loss."""
+        self.log("val/loss", self._loss(batch))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """Plain SGD."""
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class CountAllReduces(CountCollectives):
+    """:class:`CountCollectives` of ``all_reduce`` only: the replica guard's collective, per optimizer step."""
+
+    NAMES = ("all_reduce",)
