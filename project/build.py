@@ -47,6 +47,7 @@ from project.run_config import (
     SaveUserConfig,
     listed,
     refuse_trainer_overlap,
+    say_plain_lightning,
     say_replaced_optimizer,
     wants_template_progress_bar,
 )
@@ -147,6 +148,7 @@ class ProjectCLI(LightningCLI):
         parallel = config.get("parallel")
         if parallel is None and self.command != "plan":
             confirm_started_ranks(None)  # ranks forked at start-up for a section the parser does not see: refused
+            say_plain_lightning(config.trainer, torch.cuda.device_count())
             return
         refuse_trainer_overlap(parallel, config.trainer, self.parser.get_defaults().trainer)
         settings = ParallelConfig(**parallel.as_dict()) if parallel is not None else ParallelConfig()

@@ -92,6 +92,33 @@ def say_replaced_optimizer(model: L.LightningModule | None, optimizer: Any) -> N
         )
 
 
+def several_processes(trainer: Namespace, gpus: int) -> bool:
+    """Whether Lightning's own trainer settings ask for more than one process (devices, nodes, a strategy)."""
+    devices, nodes, strategy = trainer.get("devices"), trainer.get("num_nodes") or 1, trainer.get("strategy")
+    if isinstance(devices, str):
+        devices = gpus if devices.strip() in ("auto", "-1") else len(devices.split(",")) if "," in devices else devices
+    if isinstance(devices, (list, tuple)):
+        devices = len(devices)
+    count = gpus if devices == -1 else int(devices) if str(devices).isdigit() else 1
+    named = strategy not in (None, "auto", "single_device")
+    return count > 1 or int(nodes) > 1 or named
+
+
+def say_plain_lightning(trainer: Namespace, gpus: int) -> None:
+    """One ``note:`` line (rank 0) when a config without a ``parallel:`` section asks Lightning for several processes.
+
+    Such a run is plain Lightning: the loader's batch size is per process (the global batch grows with the world
+    size), DistributedSampler pads evaluation, and none of the template's guarantees hold; nothing said so.
+    """
+    if rank_zero_only.rank == 0 and several_processes(trainer, gpus):
+        sys.stderr.write(
+            "note: no parallel: section, so --trainer.devices/num_nodes/strategy run as plain Lightning, without the "
+            "template's guarantees (the loader's batch size is per process, DistributedSampler pads evaluation); "
+            "for them add a parallel section, e.g. --config configs/parallel/cpu_ddp.yaml (CPU processes) "
+            "or configs/parallel/ddp.yaml (GPUs), and drop the trainer's devices/strategy\n"
+        )
+
+
 def wants_template_progress_bar(trainer_config: dict[str, Any]) -> bool:
     """Whether the run gets the template's progress bar: not when barebones, turned off, or one is configured."""
     if trainer_config.get("barebones") or trainer_config.get("enable_progress_bar") is False:

@@ -79,3 +79,30 @@ def test_a_fit_whose_validation_never_ran_says_so_in_one_line(tmp_path):
     assert "BestCheckpoint(monitor='val/acc') chose nothing" in line
     last = tmp_path / "logs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 30
+
+
+def test_lightnings_own_flags_without_a_parallel_section_say_the_guarantees_are_off(tmp_path):
+    config = tmp_path / "lazy.yaml"
+    config.write_text(OWN_CONFIG)
+    flags = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    result = run_cli(["fit", "--config", str(config), *flags, "--trainer.fast_dev_run", "2"], tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    (note,) = [line for line in result.stderr.splitlines() if "no parallel: section" in line]  # rank 0 only
+    assert note.startswith("note: ") and "without the template's guarantees" in note
+    assert "--config configs/parallel/cpu_ddp.yaml" in note
+    one = run_cli(["fit", "--config", str(config), "--trainer.fast_dev_run", "2"], tmp_path)
+    assert one.returncode == 0 and "no parallel: section" not in one.stderr  # one process: nothing to say
+
+
+OWN_CONFIG = """
+model:
+  class_path: user_lightning_shapes.LazyClassifier
+data:
+  class_path: user_code.PlainDigits
+trainer:
+  enable_progress_bar: false
+  enable_model_summary: false
+  logger:
+    class_path: lightning.pytorch.loggers.TensorBoardLogger
+    init_args: {save_dir: logs, name: lazy}
+"""
