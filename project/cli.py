@@ -24,6 +24,7 @@ import lightning as L
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from project.build import ProjectCLI
+from project.callbacks.preemption import stopped_by_signal
 from project.checkpoints.diff import diff_state_dicts
 from project.checkpoints.io import AtomicCheckpointIO
 from project.checkpoints.loading import pickle_allowed
@@ -31,9 +32,11 @@ from project.checkpoints.resume import NO_CHECKPOINT, Chosen, remove_partial_wri
 from project.commands import split_command
 from project.config_errors import check_config_files
 from project.consolidate import consolidate
-from project.errors import UserError, run_reporting_user_errors
+from project.errors import Preempted, UserError, exit_with, run_reporting_user_errors
+from project.launch import stop_signals
 from project.launch.legacy import strip_legacy_local_rank
 from project.launch.ray import run_on_ray, submits_to_ray
+from project.launch.stop_signals import StopSignal
 from project.lightning_private import stop_launched_processes
 from project.parallel.collectives import leave_together
 from project.parallel.failures import defer_to_rank_zero, error_from_worker, explain_rank_failure
@@ -90,6 +93,7 @@ def execute(argv: list[str]) -> Run | None:
         run_on_ray(argv, command, cli.plan, run_in_worker)
         return None
     run_command(command, cli)
+    stop_signals.set_phase("done")  # a signal from here on changes nothing: the command is done
     say_where_the_run_went(cli.trainer)
     return Run(command, cli)
 
@@ -180,6 +184,7 @@ def run_command(command: str, cli: ProjectCLI) -> None:
     # One training per run directory: a second fit there is refused, in one line naming the one training there.
     lock = TrainingLock.take(guard.run_dir, hold=command == "fit" and trainer.is_global_zero)
     remove_partial_writes(cli.chosen)  # a killed save's leftovers, now that no other training writes there
+    stop_signals.set_undo(guard.undo if command == "fit" and trainer.is_global_zero else None)
     try:
         if command == "check":
             trainer.fit(model, datamodule=data)
@@ -190,13 +195,7 @@ def run_command(command: str, cli: ProjectCLI) -> None:
         else:
             getattr(trainer, command)(model, datamodule=data, ckpt_path=ckpt_path, weights_only=not pickle_allowed())
     except BaseException as error:
-        # Named before the other ranks are stopped, so the rank that died first is told apart.
-        timeout_s = cli.plan.strategy_args.get("timeout_s") if cli.plan is not None else None
-        failure = error_from_worker(error) or (
-            explain_rank_failure(error, trainer, timeout_s, "--join_timeout_s", "then run check again")
-            if command == "check"
-            else explain_rank_failure(error, trainer, timeout_s)
-        )
+        failure = _explain(command, cli, error, start_step)  # before the other ranks are stopped: see there
         stop_launched_processes(trainer.strategy)
         trained = command == "fit" and trainer.global_step > start_step
         if isinstance(failure or error, UserError):
@@ -206,11 +205,32 @@ def run_command(command: str, cli: ProjectCLI) -> None:
                 failure = UserError(f"training reached step {trainer.global_step}{kept}, then: {failure or error}")
             elif trainer.is_global_zero:
                 guard.undo()  # refused before training (e.g. by the sanity check): leave nothing behind
+        elif isinstance(failure, Preempted) and not trained and trainer.is_global_zero:
+            guard.undo()  # stopped before its first step: `--resume auto` starts it again in the same folder
         if failure is not None:
             raise failure from error
         raise
     finally:
         lock.release()
+
+
+def _explain(command: str, cli: ProjectCLI, error: BaseException, start_step: int) -> BaseException | None:
+    """What ended ``command``, as its one line: a stop signal, a worker's own error, a lost or stuck rank; else None.
+
+    Called before the other ranks are stopped, so that the rank that died first is told apart.
+    """
+    trainer = cli.trainer
+    timeout_s = cli.plan.strategy_args.get("timeout_s") if cli.plan is not None else None
+    restored = f"{cli.chosen.path} (step {start_step})" if cli.chosen is not None else None
+    if command == "check":
+        return error_from_worker(error) or explain_rank_failure(
+            error, trainer, timeout_s, "--join_timeout_s", "then run check again"
+        )
+    return (
+        stopped_by_signal(error, trainer, restored)
+        or error_from_worker(error)
+        or explain_rank_failure(error, trainer, timeout_s)
+    )
 
 
 def say_where_the_run_went(trainer: L.Trainer) -> None:
@@ -242,5 +262,13 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         run_reporting_user_errors(run)
+    except StopSignal as stop:  # while the run was being built: nothing ran yet
+        exit_with(
+            Preempted(
+                f"stopped by {stop.name} before the first training step (the run was being built): nothing was "
+                f"trained, so there is nothing to save (exit code {Preempted.exit_code}: preempted, resumable)"
+            ),
+            code=Preempted.exit_code,
+        )
     except KeyboardInterrupt:
         raise SystemExit(130) from None

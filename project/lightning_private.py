@@ -128,6 +128,17 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def keep_own_signal_handlers(trainer: Any) -> None:
+    """Make the Trainer register no signal handlers of its own for this run (nor restore any at its teardown).
+
+    Its SIGTERM handler broadcasts a tensor from inside the handler (a collective only the signalled rank joins)
+    and its teardown puts back the handlers it found; the template's stay from the first instant to the last.
+    """
+    connector = trainer._signal_connector
+    connector.register_signal_handlers = lambda: None
+    connector.teardown = lambda: None
+
+
 def skip_sigterm_broadcast(trainer: Any) -> None:
     """Stop the training loop's per-step broadcast of Lightning's SIGTERM flag (the template agrees without it)."""
     loop = trainer.fit_loop.epoch_loop

@@ -6,10 +6,12 @@ Each process records the steps it saw and its pid, so a test can check where it 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import lightning as L
@@ -127,3 +129,79 @@ class StepFile(L.Callback):
         if trainer.is_global_zero:
             atomic_write_text(self.path, f"{trainer.global_step}\n")  # a reader never sees it empty
         threading.Event().wait(self.delay_s)
+
+
+class WaitAt(L.Callback):
+    """At a named moment before (or after) the training steps, each rank notes its pid and waits: the test signals.
+
+    What a scheduler's signal meets when a run is slow to start: each rank writes ``record/at<rank>.json`` (its pid)
+    on arriving at ``moment`` and then waits ``wait_s`` seconds (in short sleeps, so a signal handler runs at once),
+    so the test outside can send a signal to the processes it chooses while they are there.
+
+    Args:
+        moment: ``setup`` (the callbacks' setup), ``restore`` (Lightning restoring a checkpoint's callback state),
+            ``micro_batch`` (inside the ``micro_batch: auto`` trial step), ``sanity_check`` (a validation batch of the
+            sanity check), ``validation`` (a validation batch during training: a long validation).
+        record: Folder for the ``at<rank>.json`` files.
+        wait_s: How long each rank waits there.
+    """
+
+    def __init__(self, moment: str, record: str, wait_s: float = 30.0) -> None:
+        self.moment, self.record, self.wait_s = moment, record, wait_s
+        self._done = False
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """``setup``: wait here; ``micro_batch``: wrap the trial step (looked up at call time) to wait in it."""
+        if self.moment == "setup":
+            self._arrive()
+        elif self.moment == "micro_batch":
+            from project.callbacks import micro_batch
+
+            original = micro_batch.try_micro_batch
+
+            def waiting(*args, **kwargs):
+                self._arrive()
+                return original(*args, **kwargs)
+
+            micro_batch.try_micro_batch = waiting
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint) -> None:
+        """``restore``: Lightning is restoring the run from a checkpoint."""
+        if self.moment == "restore":
+            self._arrive()
+
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx, *_) -> None:
+        """``sanity_check`` / ``validation``: a validation batch before training, or during it."""
+        if self.moment == ("sanity_check" if trainer.sanity_checking else "validation"):
+            self._arrive()
+
+    def _arrive(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        atomic_write_text(Path(self.record, f"at{rank}.json"), json.dumps({"pid": os.getpid()}))
+        for _ in range(int(self.wait_s * 10)):
+            time.sleep(0.1)
+
+
+class SignalAgainAtExit(L.Callback):
+    """Rank 0 sends itself ``signal_name`` once more as its interpreter exits, ``after_s`` seconds after fit ended.
+
+    A scheduler's second signal (SLURM's ``--signal`` ahead of the SIGTERM at the time limit) reaching a process that
+    is already ending on the first: it must not end it by that signal. ``record/again.json`` says it was sent.
+    """
+
+    def __init__(self, signal_name: str, record: str, after_s: float = 1.0) -> None:
+        self.signal_name, self.record, self.after_s = signal_name, record, after_s
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Rank 0: send it at exit."""
+        if trainer.is_global_zero:
+            atexit.register(self._again)
+
+    def _again(self) -> None:
+        time.sleep(self.after_s)
+        atomic_write_text(Path(self.record, "again.json"), json.dumps({"pid": os.getpid()}))
+        os.kill(os.getpid(), signal.Signals[self.signal_name])
+        time.sleep(0.5)  # the handler runs here, or the default action ends the process by the signal

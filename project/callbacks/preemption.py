@@ -12,7 +12,9 @@ At the stop step every rank saves through the run's own checkpoint writer (the :
 ``last.ckpt`` when the config has one, else ``checkpoints/last.ckpt``), waits for its background writes, meets the
 others once, and raises :class:`~project.errors.Preempted`: exit code 75, "preempted, resumable", which
 ``fit --resume auto`` continues. If the stop has not completed within the grace period, the process ends with that
-code anyway (an atomic save never leaves a partial file behind). A second SIGINT (Ctrl+C twice) interrupts at once.
+code anyway (an atomic save never leaves a partial file behind). A repeated signal changes nothing (SLURM signals
+twice); only a second SIGINT after a first (Ctrl+C twice) interrupts at once. Before the first step and after the
+last, :mod:`project.launch.stop_signals` ends the rank at once, also with 75.
 """
 
 from __future__ import annotations
@@ -23,16 +25,22 @@ import threading
 from typing import Any
 
 import lightning as L
+import torch
 
 from project.callbacks.timed_checkpoint import TimedCheckpoint
 from project.checkpoints import pending
 from project.errors import Preempted
-from project.lightning_private import skip_sigterm_broadcast
+from project.launch import stop_signals
+from project.lightning_private import keep_own_signal_handlers, skip_sigterm_broadcast
 from project.parallel.stop import STEPS_AHEAD, StopChannel
 
 
 class StopOnSignal(L.Callback):
     """Stop every rank at the same step on a signal, save it, and exit with the "preempted, resumable" code.
+
+    Constructing it takes over ``signals`` in this process for good (:mod:`project.launch.stop_signals`): a signal
+    before the first training step ends the rank at once (nothing trained, nothing lost), one during training stops
+    every rank at one saved step (here), one after the last step skips what follows; every one gives exit code 75.
 
     Args:
         signals: Names of the signals that stop training (e.g. ``["SIGTERM", "SIGINT", "SIGUSR1"]``).
@@ -46,60 +54,65 @@ class StopOnSignal(L.Callback):
         self._rank = 0
         self._noted: tuple[int, str] | None = None  # this rank's own signal: (its step, what)
         self._channel: StopChannel | None = None
-        self._previous: dict[signal.Signals, Any] = {}
+        stop_signals.install(signals, grace_s)
 
     # ------------------------------------------------------------------ set-up
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Keep Lightning's own handlers away (its SIGTERM handler broadcasts from inside the handler)."""
+        keep_own_signal_handlers(trainer)
+        stop_signals.reinstall()
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Install the handlers (after Lightning's, which they replace) and, on several processes, the channel."""
+        """Open the channel (several processes: one collective), then handle signals as stops at one step."""
         self._step, self._rank = trainer.global_step, trainer.global_rank
         skip_sigterm_broadcast(trainer)
         if trainer.world_size > 1:
-            self._channel = StopChannel.open(trainer)
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers belong to the main thread (a notebook's forked rank runs there too)
-        for signum in self.signals:
-            self._previous[signum] = signal.signal(signum, self._on_signal)
-        if trainer.received_sigterm:  # Lightning's handler saw one before this one was installed
-            self._on_signal(signal.SIGTERM, None)
+            self._channel = StopChannel.open(trainer, on_agreed=stop_signals.start_grace)
+        stop_signals.set_kept(lambda: newest_checkpoint(trainer))
+        stop_signals.reinstall()
+        stop_signals.set_phase("training", self._on_signal)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Training is over: the signals mean what they meant before; the channel's watcher ends."""
-        self._restore()
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        """Training reached its end: a signal during the last steps still stops here (saved), else what follows runs.
+
+        The ranks agree in one collective whether any of them has a stop to make (a proposal may not have reached
+        every rank before the last step); the test and export after fit then run with signals ending them at once.
+        """
+        wanted = self._noted is not None or (self._channel is not None and self._channel.agreed is not None)
+        if trainer.world_size > 1:
+            wanted = bool(trainer.strategy.reduce(torch.tensor(float(wanted)), reduce_op="max").item())
+        self._close()
+        if wanted:
+            why = self._noted[1] if self._noted is not None else self._agreed_why()
+            self._stop(trainer, why, after=" (the last step; the test and export after fit did not run)")
+        stop_signals.set_phase("after")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        """A failed or stopped run: the signals mean what they meant before; the channel's watcher ends."""
-        self.on_train_end(trainer, pl_module)
+        """A failed or stopped run: further signals are noted only; the channel's watcher ends."""
+        stop_signals.set_phase("ending")
+        self._close()
 
-    def _restore(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        self._previous = {}
+    def _close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+
+    def _agreed_why(self) -> str:
+        agreed = self._channel.agreed if self._channel is not None else None
+        return agreed[1] if agreed is not None else "a signal to another rank"
 
     # ------------------------------------------------------------------ the signal
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, signum: int) -> None:
         """Note the signal; propose the stop outside the handler (never a store call or collective in here)."""
         name = signal.Signals(signum).name
         if self._noted is not None:
-            if signum == signal.SIGINT:
+            if signum == signal.SIGINT and stop_signals.first_signal() == "SIGINT":
                 raise KeyboardInterrupt  # Ctrl+C twice: now
-            return
+            return  # a repeat (SLURM's --signal, then SIGTERM): the stop under way goes on
         self._noted = (self._step, f"{name} to rank {self._rank}")
         if self._channel is not None:
             step, why = self._noted
             threading.Thread(target=self._channel.propose, args=(step + STEPS_AHEAD, why), daemon=True).start()
-        threading.Thread(target=self._end_after_grace, args=(name,), daemon=True).start()
-
-    def _end_after_grace(self, name: str) -> None:
-        threading.Event().wait(self.grace_s)
-        os.write(
-            2,
-            f"error: the stop on {name} did not complete within {self.grace_s:g} s (parallel.stop_grace_s); the "
-            "newest complete checkpoint is kept, resume with `fit --resume auto`\n".encode(),
-        )
-        os._exit(Preempted.exit_code)
+        stop_signals.start_grace(name)
 
     def _stop_step(self) -> tuple[int, str] | None:
         if self._channel is not None:
@@ -122,15 +135,51 @@ class StopOnSignal(L.Callback):
         if stop is not None and step >= stop[0]:
             self._stop(trainer, stop[1])
 
-    def _stop(self, trainer: L.Trainer, why: str) -> None:
+    def _stop(self, trainer: L.Trainer, why: str, after: str = "") -> None:
         """Save this step on every rank, flush the writes, meet once, and end with the preempted code."""
+        stop_signals.set_phase("ending")
         path = save_latest(trainer)
         pending.wait_for()
         trainer.strategy.barrier("project-stop")
         raise Preempted(
-            f"stopped by {why} at step {trainer.global_step}: {path} holds that step; resume with "
+            f"stopped by {why} at step {trainer.global_step}{after}: {path} holds that step; resume with "
             f"`fit --resume auto` (exit code {Preempted.exit_code}: preempted, resumable)"
         )
+
+
+def newest_checkpoint(trainer: L.Trainer) -> str:
+    """What a stop that could not save keeps: the newest checkpoint file of the run, by its step if it says."""
+    folder = os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints")
+    try:
+        files = [f for f in os.scandir(folder) if f.name.endswith(".ckpt") and not f.name.startswith(".")]
+    except OSError:
+        files = []
+    if not files:
+        return "the run had saved no checkpoint yet, so the steps it trained are lost"
+    newest = max(files, key=lambda f: f.stat().st_mtime_ns)
+    return f"the steps after the newest complete checkpoint ({newest.path}) are lost, it is kept"
+
+
+def stopped_by_signal(error: BaseException, trainer: L.Trainer, restored: str | None) -> Preempted | None:
+    """This rank's stop outside the training steps (``error`` is its :class:`StopSignal`, or came after it).
+
+    ``restored`` describes the checkpoint the run started from (``None``: a new run).
+    """
+    phase = stop_signals.raised_in()
+    if phase is None or isinstance(error, Preempted):
+        return None
+    name = stop_signals.first_signal()
+    code = f"(exit code {Preempted.exit_code}: preempted, resumable)"
+    if phase == "before":
+        kept = f"{restored} still holds that step" if restored else "nothing was trained, so there is nothing to save"
+        return Preempted(
+            f"stopped by {name} to rank {trainer.global_rank} before the first training step: {kept}; "
+            f"`fit --resume auto` starts it again {code}"
+        )
+    return Preempted(
+        f"stopped by {name} to rank {trainer.global_rank} after the last training step ({trainer.global_step}): the "
+        f"test and export after fit did not run; the checkpoints are kept, `fit --resume auto` runs them {code}"
+    )
 
 
 def save_latest(trainer: L.Trainer) -> str:

@@ -15,10 +15,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from project.errors import UserError
+from project.errors import Preempted, UserError
+from project.launch import stop_signals
 
 #: Seconds rank 0's own failure handling gets to name a dead rank first (it sees the lost peer in its next
 #: collective, at once); after them the watcher names it and ends the run.
@@ -85,6 +87,18 @@ class StartedRanks:
 
 
 _STARTED: StartedRanks | None = None
+#: Says why the run failed better than "rank N exited" when it can (the hang report names a stuck rank 0).
+_FAILURE_NOTE: Callable[[], str | None] | None = None
+
+
+def explain_failures_with(note: Callable[[], str | None]) -> None:
+    """Have the watcher print ``note()`` (when not ``None``) instead of its line for a rank that ended with an error.
+
+    Set by the rank's own layer (:mod:`project.parallel.hang`): when rank 0's training thread is the stuck one,
+    another rank ends the run at its timeout, and this process, which cannot import that layer, names rank 0.
+    """
+    global _FAILURE_NOTE
+    _FAILURE_NOTE = note
 
 
 def register(started: StartedRanks) -> None:
@@ -166,7 +180,7 @@ def how_it_ended(code: int) -> str:
 
 
 def _watch(started: StartedRanks) -> None:
-    """Name a rank that failed while rank 0 did not notice, stop the others and end the run (exit code 1)."""
+    """Name a rank that failed while rank 0 did not notice, stop the others and end the run (exit code 1, or 75)."""
     failed_at: float | None = None
     while not started.ending:
         failed = [rank for rank in started.ranks if rank.poll() not in (None, 0)]
@@ -176,17 +190,40 @@ def _watch(started: StartedRanks) -> None:
             with started.lock:
                 if started.ending:  # rank 0's own handling named it and stops the others
                     return
-                ended = (f"rank {r.local_rank} (pid {r.pid}) {how_it_ended(r.returncode or 0)}" for r in failed)
-                names = ", ".join(ended)
-                sys.stderr.write(
-                    f"error: {names}; rank 0 stopped the other ranks of this run. Read that rank's output above (a "
-                    f"SIGKILL nobody sent is often the out-of-memory killer: see `dmesg`), {started.then}\n"
-                )
+                code = _report(failed, started.then)
+                if code is None:  # this rank is stopping too: its own stop ends it, within the grace
+                    failed_at = None
+                    continue
                 for stream in (sys.stdout, sys.stderr):
                     stream.flush()
                 for rank in started.ranks:
                     rank.kill()
                 for rank in started.ranks:
                     rank.wait(timeout=5.0)
-                os._exit(1)  # rank 0 may be blocked in the rendezvous until the timeout: end it here
+                os._exit(code)  # rank 0 may be blocked in the rendezvous until the timeout: end it here
         time.sleep(_POLL_S)
+
+
+def _report(failed: list[ForkedRank], then: str) -> int | None:
+    """Say how the ``failed`` ranks ended, in one line; the exit code for it (``None``: say nothing yet).
+
+    Ranks that ended with exit code 75 stopped on a signal (before training, or a stop that ran out of its grace):
+    the run ends with 75 as theirs did, and nobody is blamed for it.
+    """
+    if all(rank.returncode == Preempted.exit_code for rank in failed):
+        if stop_signals.stopping():
+            return None
+        names = ", ".join(f"rank {r.local_rank} (pid {r.pid})" for r in failed)
+        sys.stderr.write(f"error: {stop_signals.peer_stopped(names)}\n")
+        stop_signals.undo_if_untrained()
+        return Preempted.exit_code
+    names = ", ".join(f"rank {r.local_rank} (pid {r.pid}) {how_it_ended(r.returncode or 0)}" for r in failed)
+    note = _FAILURE_NOTE() if _FAILURE_NOTE is not None else None
+    if note is not None:  # the hang report: the rank that ended the run is not the one to blame
+        sys.stderr.write(f"error: {note}; {names} at its timeout, and rank 0 stopped the other ranks, {then}\n")
+        return 1
+    sys.stderr.write(
+        f"error: {names}; rank 0 stopped the other ranks of this run. Read that rank's output above (a "
+        f"SIGKILL nobody sent is often the out-of-memory killer: see `dmesg`), {then}\n"
+    )
+    return 1

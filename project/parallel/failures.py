@@ -27,8 +27,9 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from project.dotted import import_object
-from project.errors import RankFailure, RunFailure, UserError, first_line
+from project.errors import Preempted, RankFailure, RunFailure, UserError, first_line
 from project.launch.ranks import ForkedRank, how_it_ended
+from project.launch.stop_signals import peer_stopped
 from project.lightning_private import launched_processes
 from project.parallel.strategies import built_from_plan
 
@@ -147,10 +148,13 @@ def explain_rank_failure(
     timeout_s: float | None,
     timeout_name: str = "parallel.timeout_s",
     then: str = "then resume with `fit --ckpt_path last`",
-) -> RankFailure | UserError | None:
+) -> RunFailure | UserError | None:
     """A one-line :class:`RankFailure` for ``error`` if it is a lost or stuck rank, else ``None``.
 
     Call it in the rank that caught ``error``, before its launcher's children are stopped, so that a
+    Ranks this one started that all ended with exit code 75 stopped on a signal: that is a
+    :class:`~project.errors.Preempted` (exit code 75), never blamed on the out-of-memory killer.
+
     child that died first is told apart from the ones stopped afterwards. ``timeout_name`` is the
     setting that holds ``timeout_s``; ``then`` is what to do once the cause is fixed. DDP's error for a
     parameter that got no gradient is an :class:`UnusedParametersError` (a user mistake, exit code 2).
@@ -171,6 +175,8 @@ def explain_rank_failure(
     if failed:
         first = trainer.node_rank * trainer.num_devices
         names = ", ".join(f"rank {first + local} (pid {p.pid}) {how_it_ended(p.returncode)}" for local, p in failed)
+        if all(p.returncode == Preempted.exit_code for _, p in failed):  # stopped by a signal, not killed
+            return Preempted(peer_stopped(", ".join(f"rank {first + local} (pid {p.pid})" for local, p in failed)))
         return RankFailure(
             f"{names}; rank {rank} stopped the other ranks of this run. Read that rank's output above "
             f"(a SIGKILL nobody sent is often the out-of-memory killer: see `dmesg`), {resume}"

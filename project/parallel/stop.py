@@ -15,6 +15,7 @@ import contextlib
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 
 import lightning as L
@@ -33,7 +34,7 @@ WAIT_S = 3600.0
 class StopChannel:
     """The ranks' agreement on a stop step, over the rendezvous store (no collective after :meth:`open`)."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, on_agreed: Callable[[str], None] | None = None) -> None:
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         # Two clients: a store client holds its lock while it waits, so the proposer needs a connection of its own.
         timeout = timedelta(days=7)
@@ -44,16 +45,20 @@ class StopChannel:
         )
         self.key = key
         self.agreed: tuple[int, str] | None = None
+        self._on_agreed = on_agreed  # e.g. start this rank's grace period: it got no signal of its own
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._wait, name="project-stop-watch", daemon=True)
         self._thread.start()
         atexit.register(self.close)  # a run that ends without Lightning's hooks (an error outside fit)
 
     @classmethod
-    def open(cls, trainer: L.Trainer) -> StopChannel:
-        """A channel for this run attempt: its key is new, so a restarted job never reads an old stop (collective)."""
+    def open(cls, trainer: L.Trainer, on_agreed: Callable[[str], None] | None = None) -> StopChannel:
+        """A channel for this run attempt: its key is new, so a restarted job never reads an old stop (collective).
+
+        ``on_agreed`` is called in the watcher's thread with the proposal's reason once a stop is agreed.
+        """
         token = trainer.strategy.broadcast(uuid.uuid4().hex if trainer.is_global_zero else None, src=0)
-        return cls(f"project/stop/{token}")
+        return cls(f"project/stop/{token}", on_agreed)
 
     def propose(self, step: int, why: str) -> None:
         """Propose stopping after ``step`` (the first proposal of any rank wins); callable from any thread."""
@@ -85,4 +90,6 @@ class StopChannel:
             if value != DONE:
                 step, why = value.split(" ", 1)
                 self.agreed = (int(step), why)
+                if self._on_agreed is not None:
+                    self._on_agreed(why)
             return
