@@ -159,3 +159,30 @@ def logged_per_loader(trainer: Any) -> dict[str, set[int]]:
         if meta is not None and meta.add_dataloader_idx and meta.dataloader_idx is not None:
             found.setdefault(meta.name, set()).add(int(meta.dataloader_idx))
     return found
+
+
+def flight_recorder_json() -> str | None:
+    """Torch's Flight Recorder (every collective of this process, in a ring) as JSON; ``None`` when it is off.
+
+    Its dump is private (``torch._C._distributed_c10d._dump_fr_trace_json``, or the NCCL build's
+    ``_dump_nccl_trace_json``); the public tool reads only the files a crash handler wrote. Read by the hang
+    report (:mod:`project.parallel.hang`), never per step.
+    """
+    from torch._C import _distributed_c10d as c10d
+
+    for name in ("_dump_nccl_trace_json", "_dump_fr_trace_json"):
+        dump = getattr(c10d, name, None)
+        if dump is not None:
+            try:
+                text = dump(True, False)  # (include collectives, only active ones)
+            except RuntimeError:  # this build's recorder is off (its ring has no entries to give)
+                continue
+            text = text.decode() if isinstance(text, bytes) else text
+            return text if '"entries"' in text else None
+    return None
+
+
+def process_group_timeout_s(strategy: Any) -> float | None:
+    """The process-group timeout a Lightning DDP/model-parallel strategy was built with (``_timeout``), in seconds."""
+    timeout = getattr(strategy, "_timeout", None)
+    return timeout.total_seconds() if timeout is not None else None

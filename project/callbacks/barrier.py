@@ -18,6 +18,8 @@ import torch.distributed as dist
 
 from project.errors import RunFailure
 from project.parallel.collectives import process_group_size
+from project.parallel.hang import stalled_ranks
+from project.parallel.hang.records import waiting_in
 
 POINTS = ("setup", "fit_start", "train_epoch_end", "validation_epoch_end", "test_start", "fit_end")
 
@@ -37,16 +39,18 @@ def synchronize(name: str, timeout_s: float) -> float:
     timeout = timedelta(seconds=timeout_s)
     try:
         if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=timeout, wait_all_ranks=True)
+            with waiting_in("monitored_barrier", name, timeout_s):  # the Flight Recorder does not see it
+                dist.monitored_barrier(timeout=timeout, wait_all_ranks=True)
         else:
             work = dist.barrier(async_op=True)
             if not work.wait(timeout=timeout):
                 raise RuntimeError(f"not every rank arrived within {timeout_s:g} s")
     except RuntimeError as error:
         detail = str(error).splitlines()[0] if str(error) else "timed out"
+        failed = f"barrier '{name}' failed on rank {dist.get_rank()} after {time.perf_counter() - start:.1f} s"
+        stalled = stalled_ranks(f"{failed} (timeout {timeout_s:g} s)")  # every rank's record: who is where
         raise BarrierTimeoutError(
-            f"barrier '{name}' failed on rank {dist.get_rank()} after {time.perf_counter() - start:.1f} s "
-            f"(timeout {timeout_s:g} s): {detail}"
+            f"{failed} (timeout {timeout_s:g} s): {stalled or detail}" + (f" ({detail})" if stalled else "")
         ) from error
     return time.perf_counter() - start
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +32,15 @@ def gather_objects(value: Any) -> list[Any]:
     gathered: list[Any] = [None] * size
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+def store_client(timeout_s: float) -> dist.TCPStore:
+    """A new client of the rendezvous store (``MASTER_ADDR:MASTER_PORT``): out-of-band messages, no collective.
+
+    A client of its own per thread: a store client holds its lock while it waits. ``timeout_s`` bounds each request.
+    """
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 def leave_together() -> None:

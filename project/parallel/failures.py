@@ -31,6 +31,7 @@ from project.errors import Preempted, RankFailure, RunFailure, UserError, first_
 from project.launch.ranks import ForkedRank, how_it_ended
 from project.launch.stop_signals import peer_stopped
 from project.lightning_private import launched_processes
+from project.parallel.hang import stalled_ranks
 from project.parallel.strategies import built_from_plan
 
 if TYPE_CHECKING:
@@ -187,6 +188,13 @@ def explain_rank_failure(
     detail = _gist(error)
     if timed_out and not lost:
         limit = f"{timeout_name}={timeout_s:g} s" if timeout_s is not None else "the process group's timeout"
+        # Every rank's record (stacks, last collectives, phase), compared: the line names who is where.
+        stalled = stalled_ranks(f"rank {rank}: a collective did not complete within {limit} ({detail})")
+        if stalled is not None:
+            return RankFailure(
+                f"rank {rank}: a collective did not complete within {limit}; {stalled}. Fix the code it names, or "
+                f"raise {timeout_name} if ranks legitimately do long uneven work, {resume}"
+            )
         return RankFailure(
             f"rank {rank}: a collective did not complete within {limit}; {peer} is stuck or far behind "
             f"({detail}). Find what it waits for (e.g. `py-spy dump --pid PID`), or raise {timeout_name} "
