@@ -3,8 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# The test environment adds what the suite also exercises: the `ray`, `tracking` and `sweep` extras (`make train` does
-# without them).
+# The test environment adds what the suite also exercises: the `ray`, `tracking`, `sweep` and `storage` extras and
+# `storage-server` (moto's S3 server for the object-storage tests); `make train` does without them.
 TEST_STAMP := $(VENV)/.installed-test
 AUDIT_STAMP := $(VENV)/.installed-audit
 # The tested torch. On these CPU machines torch==2.13.0 resolves to a local CPU wheel; GPU users
@@ -17,8 +17,8 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 # every distribution but torch pinned with == and its sha256 hashes (Linux x86_64, CPython 3.11):
 #   lock-pip.txt    pip itself, installed first
 #   lock.txt        .[dev]                            make setup, train, lint
-#   lock-test.txt   .[dev,ray,tracking,sweep]         make test
-#   lock-audit.txt  .[dev,ray,tracking,sweep,audit]   make audit (resolved first; the other locks keep its pins)
+#   lock-test.txt   .[dev,ray,tracking,sweep,storage,storage-server]   make test
+#   lock-audit.txt  the test set + audit                          make audit (resolved first; the others keep its pins)
 # Torch and hash-checking: pip's --require-hashes wants a hash for every package it installs, dependencies included,
 # and torch (a local CPU wheel, or a CUDA build from PyTorch's index) has none in a lock. So each lock is installed
 # with --require-hashes --no-deps, and lists torch's own dependencies too (filelock, sympy, mpmath, networkx, jinja2,
@@ -121,9 +121,9 @@ lock:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "$(UV_SPEC)"
 	echo "torch==$(TORCH_VERSION)+cpu" | $(UV_COMPILE) pyproject.toml - --extra dev --extra ray --extra tracking \
-	  --extra sweep --extra audit -o requirements/lock-audit.txt
+	  --extra sweep --extra storage --extra storage-server --extra audit -o requirements/lock-audit.txt
 	echo "torch==$(TORCH_VERSION)+cpu" | $(UV_COMPILE) pyproject.toml - --extra dev --extra ray --extra tracking \
-	  --extra sweep -c requirements/lock-audit.txt -o requirements/lock-test.txt
+	  --extra sweep --extra storage --extra storage-server -c requirements/lock-audit.txt -o requirements/lock-test.txt
 	echo "torch==$(TORCH_VERSION)+cpu" | $(UV_COMPILE) pyproject.toml - --extra dev \
 	  -c requirements/lock-audit.txt -o requirements/lock.txt
 	echo pip | $(UV_COMPILE) - -c requirements/lock-audit.txt -o requirements/lock-pip.txt

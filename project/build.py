@@ -52,6 +52,7 @@ from project.run_config import (
     wants_template_progress_bar,
 )
 from project.runs import run_of_config
+from project.storage.run import use_store
 from project.tracking.attach import attach_tracking
 from project.tracking.config import TrackingConfig
 
@@ -143,6 +144,7 @@ class ProjectCLI(LightningCLI):
         if self.command != "plan":
             refuse_stray_rank(environment)
         if self.command not in ("plan", "check"):
+            use_store(config.trainer, self.command, config.ckpt_path, config.get("resume"))  # save_dir a URL
             run = run_of_config(config.get("config") or [])
             self.chosen = choose_checkpoint(self.command, config.ckpt_path, config.get("resume"), config.trainer, run)
         parallel = config.get("parallel")

@@ -8,6 +8,7 @@ from typing import Any
 
 from project.errors import UserError
 from project.lightning_private import choose_version, unchosen_version
+from project.storage.run import reserve_version
 
 
 def read_scalars(run_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
@@ -69,11 +70,12 @@ def reserve_run_directory(logger: Any) -> Path | None:
     root = getattr(logger, "root_dir", None)
     if version is None or root is None or "://" in str(root):
         return None
+    in_store = reserve_version(Path(root), version)  # a run directory in object storage: reserved there
     while True:
-        folder = Path(root) / f"version_{version}"
+        folder = Path(root) / f"version_{in_store if in_store is not None else version}"
         try:
             Path(root).mkdir(parents=True, exist_ok=True)
-            folder.mkdir()
+            folder.mkdir(exist_ok=in_store is not None)  # the store's reservation decides; the cache may lag
         except FileExistsError:
             version += 1
             continue
@@ -82,5 +84,5 @@ def reserve_run_directory(logger: Any) -> Path | None:
                 f"cannot create the run directory {folder} ({error.strerror or error}); point the logger's save_dir "
                 "at a writable folder (--trainer.logger.init_args.save_dir PATH)"
             ) from error
-        choose_version(logger, version)
+        choose_version(logger, in_store if in_store is not None else version)
         return folder

@@ -24,6 +24,7 @@ from project.checkpoints.atomic import atomic_write
 from project.checkpoints.sharded import is_sharded_checkpoint
 from project.checkpoints.sharded_merge import load_full_checkpoint
 from project.checkpoints.sharded_save import write_file_over
+from project.storage.run import publish, withdraw
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -72,8 +73,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"{type(self).__name__} takes no storage_options (got {storage_options!r})")
         if is_sharded_checkpoint(path):  # a sharded (FSDP) run's folder of this name, resumed on one process
             write_file_over(Path(path), lambda handle: self.write(checkpoint, handle))
-            return
-        atomic_write(path, lambda handle: self.write(checkpoint, handle))
+        else:
+            atomic_write(path, lambda handle: self.write(checkpoint, handle))
+        publish(path)  # a run directory in object storage: uploaded, then committed (on the writer's thread)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """Remove ``path``; in object storage its commit first, then its data."""
+        super().remove_checkpoint(path)
+        withdraw(path)
 
     def write(self, checkpoint: dict[str, Any], handle: IO[bytes]) -> None:
         """Serialise ``checkpoint`` into the open temporary file."""

@@ -32,6 +32,7 @@ from project.checkpoints.loading import safe_load
 from project.checkpoints.sharded import is_sharded_checkpoint, read_checkpoint, read_summary
 from project.checkpoints.sharded_save import checkpoints_in, final_name, recover_swaps, remove_partial
 from project.errors import UserError
+from project.storage.pull import counts
 
 #: ``--resume`` values: ``auto`` continues the newest good checkpoint of the run name, or starts fresh.
 RESUME_AUTO = "auto"
@@ -66,6 +67,7 @@ class RunName:
             runs = [p for p in self.root.iterdir() if p.is_dir()] if self.root.is_dir() else []
         # Hidden files are the temporary halves of atomic writes, never checkpoints (but see checkpoints_in).
         files = [found for run in runs for found in checkpoints_in(run / "checkpoints")]
+        files = [found for found in files if counts(found)]  # a store's cache: its committed checkpoints only
         return sorted(files, key=lambda f: (f.stat().st_mtime_ns, final_name(f).name == "last.ckpt"), reverse=True)
 
 

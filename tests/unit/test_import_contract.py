@@ -22,6 +22,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     # The sweep's space file and its driver/trial contract: pure, read by both sides of the process boundary.
     ("project.plan", "project.sweep.space", "project.sweep.contract"),
     ("project.launch", "project.commands"),
+    # Run records and checkpoints in object storage (fsspec URL, commit-then-point, lease): under every writer.
+    ("project.storage",),
     ("project.lightning_private", "project.runs", "project.run_guard", "project.run_lock"),
     ("project.checkpoints",),
     ("project.parallel",),

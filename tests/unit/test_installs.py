@@ -22,8 +22,8 @@ REQUIREMENTS = REPO / "requirements"
 # The Makefile's install sets: each lock and the extras of pyproject.toml it is compiled from (`make lock`).
 LOCK_EXTRAS = {
     "lock.txt": ("dev",),
-    "lock-test.txt": ("dev", "ray", "tracking", "sweep"),
-    "lock-audit.txt": ("dev", "ray", "tracking", "sweep", "audit"),
+    "lock-test.txt": ("dev", "ray", "tracking", "sweep", "storage", "storage-server"),
+    "lock-audit.txt": ("dev", "ray", "tracking", "sweep", "storage", "storage-server", "audit"),
 }
 LOCKS = [*LOCK_EXTRAS, "lock-pip.txt"]
 PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)$")
