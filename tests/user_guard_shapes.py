@@ -6,7 +6,8 @@
   its optimizer takes only what trains when it is built (Lightning's documented recipe).
 - :class:`BucketBatches` (a plain Sampler yielding index lists) and :class:`BucketBatchSampler` (a torch
   BatchSampler subclass): length-bucketing batch samplers over variable-length sequences, padded by
-  :func:`pad_collate`; :class:`Sequences` is their datamodule, :class:`SequenceClassifier` a masked model.
+  :func:`pad_collate`; :class:`LongestFirstShuffled` an index sampler drawing from torch's global generator;
+  :class:`SequenceData` is their datamodule, :class:`SequenceClassifier` a masked model.
 """
 
 from __future__ import annotations
@@ -128,8 +129,26 @@ class BucketBatchSampler(BatchSampler):
         return len(self.lengths) // self.batch_size
 
 
+class LongestFirstShuffled(Sampler[int]):
+    """A plain index Sampler: the longest half first, each half shuffled by torch's global generator."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+
+    def __iter__(self) -> Iterator[int]:
+        middle = sorted(self.lengths)[len(self.lengths) // 2]
+        long = [i for i, n in enumerate(self.lengths) if n >= middle]
+        short = [i for i, n in enumerate(self.lengths) if n < middle]
+        return iter([group[i] for group in (long, short) for i in torch.randperm(len(group)).tolist()])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
 class SequenceData(L.LightningDataModule):
-    """Variable-length sequences batched by length; ``form``: ``sampler`` (a plain Sampler) or ``batch_sampler``."""
+    """Variable-length sequences: ``form`` ``sampler`` (a plain Sampler of index lists as batch_sampler),
+    ``batch_sampler`` (a BatchSampler subclass) or ``order`` (an index Sampler as sampler, with a batch_size).
+    """
 
     def __init__(self, batch_size: int = 16, form: str = "sampler") -> None:
         super().__init__()
@@ -144,6 +163,9 @@ class SequenceData(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Batched by length."""
         lengths = [len(self.train[i][0]) for i in range(len(self.train))]
+        if self.form == "order":  # an index sampler, batched by the loader
+            order = LongestFirstShuffled(lengths)
+            return DataLoader(self.train, batch_size=self.batch_size, sampler=order, collate_fn=pad_collate)
         if self.form == "sampler":
             batches = BucketBatches(lengths, self.batch_size)
         else:
@@ -155,19 +177,30 @@ class SequenceData(L.LightningDataModule):
         return DataLoader(self.val, batch_size=16, collate_fn=pad_collate)
 
 
-class SequenceClassifier(L.LightningModule):
+class MaskedBag(nn.Module):
     """Embeddings averaged over the real tokens (the padding masked out), then a linear head."""
+
+    def __init__(self, vocab: int = 16, width: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.head = nn.Linear(width, 2)
+
+    def forward(self, tokens: Tensor, mask: Tensor) -> Tensor:
+        """Logits of each sequence."""
+        mask = mask.unsqueeze(-1)
+        return self.head((self.embed(tokens) * mask).sum(1) / mask.sum(1))
+
+
+class SequenceClassifier(L.LightningModule):
+    """Parity of variable-length sequences; its loss does not depend on how much padding a batch has."""
 
     def __init__(self, lr: float = 0.1) -> None:
         super().__init__()
         self.lr = lr
-        self.embed = nn.Embedding(16, 16)
-        self.head = nn.Linear(16, 2)
+        self.net = MaskedBag()
 
     def _loss(self, batch: dict[str, Tensor]) -> Tensor:
-        mask = batch["mask"].unsqueeze(-1)
-        pooled = (self.embed(batch["tokens"]) * mask).sum(1) / mask.sum(1)
-        return F.cross_entropy(self.head(pooled), batch["label"])
+        return F.cross_entropy(self.net(batch["tokens"], batch["mask"]), batch["label"])
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """Cross-entropy over the batch."""

@@ -3,12 +3,11 @@
 Lightning asks the datamodule for its loaders through its ``*_dataloader`` hooks, and every user's
 datamodule passes through there. This callback wraps those hooks on the instance (Lightning has no public
 hook that transforms the loaders a datamodule returns) so that each loader comes back with the layer's
-sampler (:mod:`project.parallel.sampler_install`). At ``setup`` it builds the training loader once, resolves the
+sampler (:mod:`project.parallel.sampler_install`; a loader's own batch_sampler: each of its batches split over the
+ranks, :mod:`project.parallel.batch_samplers`). At ``setup`` it builds the training loader once, resolves the
 plan with that loader's batch size and refuses, in one line, what cannot work (a global batch that does
-not divide, a dataset smaller than one global batch) before anything is trained or written.
-
-It also records how far into the epoch training got, so that a mid-epoch resume skips exactly the global
-batches already trained on, for any datamodule.
+not divide, a dataset smaller than one global batch) before anything is trained or written. It also records
+how far into the epoch training got: a mid-epoch resume skips exactly the global batches already trained on.
 
 The Trainer's ``limit_*_batches`` mean the same samples at any world size (:mod:`project.parallel.limits`): the
 evaluation shards hold only the samples a limit keeps, the Trainer's per-process limit is lifted so that it cuts
@@ -28,6 +27,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from project.callbacks.resume_position import check_resumable
 from project.errors import UserError
+from project.parallel.batch_samplers import install_batch_sampler, own_batching
 from project.parallel.limits import TrainerLimits, refuse_unreachable_validation
 from project.parallel.sampler_install import (
     Guarantee,
@@ -142,18 +142,20 @@ class LoaderGuaranteesCallback(L.Callback):
         if self._micro is not None:
             self.plan = self.plan.with_micro_batch(*self._micro)
         per_device, accumulation = self.plan.loader_batches
-        if per_device is None:
+        world, rank = self.plan.dp_size, self.plan.dp_rank(trainer.global_rank)  # not the world: tp groups share data
+        self._train_limit = limit = trainer.limit_train_batches
+        if own_batching(loader) is not None:  # the user's batches are the global batches: each split over the ranks
+            loader, guarantee = install_batch_sampler(loader, self.plan, trainer.global_rank, self.run_seed)
+        elif per_device is None:
             self._record("training", Guarantee(False, "the training loader has no batch_size"), trainer)
             return loader
-        try:
-            # The data-parallel degree and rank, not the world size: a tensor-parallel group shares its data.
-            world, rank, limit = self.plan.dp_size, self.plan.dp_rank(trainer.global_rank), trainer.limit_train_batches
-            self._train_limit = limit
-            loader, guarantee = install_training_sampler(
-                loader, per_device, world, rank, self.run_seed, accumulation, limit
-            )
-        except ValueError as error:
-            raise UserError(f"data: {error}") from None
+        else:
+            try:
+                loader, guarantee = install_training_sampler(
+                    loader, per_device, world, rank, self.run_seed, accumulation, limit
+                )
+            except ValueError as error:
+                raise UserError(f"data: {error}") from None
         if guarantee.held and isinstance(loader.dataset, GlobalBatchStream):
             self._stream = loader.dataset
             self._resume_stream()

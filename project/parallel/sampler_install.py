@@ -63,12 +63,16 @@ def _refusal(loader: Any) -> str | None:
         return "the loader has a custom batch_sampler (or no batching)"
     if type(loader.batch_sampler) is not BatchSampler:
         return f"the loader has a custom batch_sampler ({type(loader.batch_sampler).__name__})"
-    sampler = loader.sampler
+    if replaceable_sampler(loader.sampler, loader.dataset):
+        return None
+    return f"the loader has a custom sampler ({type(loader.sampler).__name__})"
+
+
+def replaceable_sampler(sampler: Any, dataset: Any) -> bool:
+    """Whether the layer's sampler keeps what ``sampler`` means: the layer's own, in order, or a plain shuffle."""
     if isinstance(sampler, (GlobalBatchSampler, EvalShardSampler, SequentialSampler)):
-        return None
-    if type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(loader.dataset):
-        return None
-    return f"the loader has a custom sampler ({type(sampler).__name__})"
+        return True
+    return type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(dataset)
 
 
 def takes_eval_sampler(loader: Any) -> bool:
@@ -76,8 +80,11 @@ def takes_eval_sampler(loader: Any) -> bool:
     return _refusal(loader) is None
 
 
-def _rebuild(loader: DataLoader, sampler: Any, batch_size: int, dataset: Any = None) -> DataLoader:
-    """``loader`` again with ``sampler`` and ``batch_size`` (and ``dataset``); every other setting kept."""
+def rebuild_loader(loader: DataLoader, sampler: Any, batch_size: int | None, dataset: Any = None) -> DataLoader:
+    """``loader`` again with ``sampler`` and ``batch_size`` (and ``dataset``); every other setting kept.
+
+    ``batch_size=None``: each item the sampler yields is fetched as is (a batch of indices already made).
+    """
     workers = loader.num_workers
     return DataLoader(
         loader.dataset if dataset is None else dataset,
@@ -148,7 +155,7 @@ def install_training_sampler(
     kept = training_limit(limit, sampler.num_global_batches, sampler.samples_per_micro_step)
     if kept.samples != kept.total:
         detail += f"; {kept.describe()}"
-    return _rebuild(loader, sampler, per_device_batch_size), Guarantee(True, detail, kept)
+    return rebuild_loader(loader, sampler, per_device_batch_size), Guarantee(True, detail, kept)
 
 
 def _install_stream(
@@ -180,7 +187,7 @@ def _install_stream(
     kept = stream_limit(limit, stream.samples_per_micro_step)
     if kept.batches is not None:
         detail += f"; {kept.describe()}"
-    return _rebuild(loader, None, per_device_batch_size, stream), Guarantee(True, detail, kept)
+    return rebuild_loader(loader, None, per_device_batch_size, stream), Guarantee(True, detail, kept)
 
 
 def install_eval_sampler(
@@ -216,4 +223,6 @@ def install_eval_sampler(
         detail += f"{kept.batch_size}) once each, in dataset order, over {world_size} process(es)"
     if limit is None:
         detail += f"; {setting} counts each process's own batches (another loader of this stage is not the layer's)"
-    return _rebuild(loader, sampler, loader.batch_size), Guarantee(True, detail, kept if limit is not None else None)
+    return rebuild_loader(loader, sampler, loader.batch_size), Guarantee(
+        True, detail, kept if limit is not None else None
+    )
