@@ -23,6 +23,7 @@ class ProjectArgumentParser(LightningArgumentParser):
         detail = (
             _unknown_option(message)
             or _bad_choice(message)
+            or _bad_type(message)
             or " ".join(line.strip() for line in message.splitlines() if line.strip())
         )
         prog = parser.prog.replace(" [options]", "").replace("__main__.py", "python -m project")
@@ -46,6 +47,32 @@ def _bad_choice(message: str) -> str | None:
     keys = re.findall(r'Parser key "([^"]+)"', message[: found.start()])
     choices = ", ".join(choice.strip().strip("'\"") for choice in found.group(1).split(","))
     return f"{'.'.join(keys)}={found.group(2)!r} is not one of {choices}"
+
+
+# How a value of each type is written on the command line, for "is not ..." in one line.
+_TYPE_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "text", "NoneType": "null"}
+
+
+def _bad_type(message: str) -> str | None:
+    """A value of the wrong type: "parallel.micro_batch='abc' is not a whole number, 'auto' or null"."""
+    keys = list(re.finditer(r'Parser key "([^"]+)"', message))
+    tail = message[keys[-1].end() :] if keys else ""
+    found = re.search(r"(?:Got|Given) value: (\S+)", tail)
+    if found is None:
+        return None
+    # A union lists its types before "Errors:"; a plain type is the one "Expected" before the value (what follows
+    # it is about the enclosing section's other types).
+    expected = tail.split("Errors:")[0] if "Subtypes:" in tail[: found.start()] else tail[: found.start()]
+    words: list[str] = []
+    for name, choices in re.findall(r"<class '(?:[\w.]+\.)?(\w+)'>|typing\.Literal\[([^\]]*)\]", expected):
+        word = _TYPE_WORDS.get(name, name) if name else ", ".join(c.strip() for c in choices.split(","))
+        if word not in words:
+            words.append(word)
+    if not words:
+        return None
+    wanted = ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
+    key = ".".join(k.group(1) for k in keys)
+    return f"{key}={found.group(1)!r} is not {wanted}; give {key} {wanted}"
 
 
 def root_cause(error: BaseException) -> str:

@@ -52,6 +52,30 @@ def run_of_config(configs: list[Any]) -> Path | None:
     return None
 
 
+def _unplain(value: Any) -> bool:
+    """Whether a run name or version would be a path, not one folder name (``../x``, ``a/b``, ``..``)."""
+    text = str(value)
+    return text in (".", "..") or any(sep in text for sep in ("/", "\\", os.sep, "\0"))
+
+
+def refuse_unplain_names(logger: Any, version_chosen: bool) -> None:
+    """Refuse a logger's run name (or chosen version) that is a path: the run would be written outside save_dir.
+
+    Raises:
+        UserError: the name or version holds a path separator or is ``..``.
+    """
+    values = {"name": getattr(logger, "name", "")}
+    if version_chosen:  # else the logger would choose it by listing its folders (reading it now would fix it)
+        values["version"] = getattr(logger, "version", None)
+    for key, value in values.items():
+        if value is not None and _unplain(value):
+            raise UserError(
+                f"run {key} {str(value)!r} (--trainer.logger.init_args.{key}) is a path: a run {key} must be a plain "
+                f"folder name, no '/', '\\' or '..', or the run would be written outside the logger's save_dir "
+                f"{getattr(logger, 'save_dir', '')!r}; give a plain name (and set save_dir for where runs go)"
+            )
+
+
 def reserve_run_directory(logger: Any) -> Path | None:
     """Create the next ``version_<n>`` folder of ``logger``'s run name atomically and make the logger use it.
 
@@ -64,11 +88,15 @@ def reserve_run_directory(logger: Any) -> Path | None:
         The folder created, or ``None`` when the logger has its version already or writes to a remote store.
 
     Raises:
-        UserError: the folder cannot be created (a read-only or full disk, a file in the way).
+        UserError: the folder cannot be created (a read-only or full disk, a file in the way), or the run's name
+            or version is a path (:func:`refuse_unplain_names`).
     """
-    version = unchosen_version(logger)
     root = getattr(logger, "root_dir", None)
-    if version is None or root is None or "://" in str(root):
+    if root is None or "://" in str(root):
+        return None
+    version = unchosen_version(logger)
+    refuse_unplain_names(logger, version is None)
+    if version is None:
         return None
     in_store = reserve_version(Path(root), version)  # a run directory in object storage: reserved there
     while True:

@@ -30,8 +30,37 @@ def pickle_allowed() -> bool:
     return os.environ.get(ALLOW_PICKLE_ENV, "") == "1"
 
 
+def _check_resolves(file: Path) -> None:
+    """Refuse a path that cannot be followed (a symbolic link loop) in one line, before anything reads it."""
+    try:
+        file.resolve(strict=False)
+    except (RuntimeError, OSError) as error:  # RuntimeError up to Python 3.12, OSError (ELOOP) after
+        raise UserError(
+            f"'{file}' is a symbolic link that leads back to itself (a loop), so it names no file; point it at the "
+            "checkpoint file, or give that file's own path"
+        ) from error
+
+
+def _incomplete_sharded(folder: Path) -> str | None:
+    """What a folder of DCP shards lacks to be a sharded checkpoint; ``None`` if it holds no shards.
+
+    The names are project.checkpoints.sharded's DCP_METADATA and LIGHTNING_META (that module imports this one).
+    """
+    if not any(folder.glob("*.distcp")) and not (folder / "meta.pt").is_file():
+        return None
+    missing = [name for name in (".metadata", "meta.pt") if not (folder / name).is_file()]
+    return " and ".join(missing) or None
+
+
 def _check_is_torch_file(file: Path) -> None:
     if file.is_dir():
+        lacks = _incomplete_sharded(file)
+        if lacks:
+            raise UserError(
+                f"'{file}' is an incomplete sharded (fsdp) checkpoint folder: it has no {lacks}, which the save "
+                "writes last, once every rank's shards are written (a save killed before that, or a partial copy); "
+                "give a complete checkpoint (e.g. an older one, or last.ckpt of the run) or copy the whole folder"
+            )
         raise UserError(f"'{file}' is a folder, not a file; give a file inside it (e.g. {file}/checkpoints/last.ckpt)")
     if not file.is_file():
         raise UserError(f"file '{file}' does not exist; check the path (relative paths start at {Path.cwd()})")
@@ -76,6 +105,7 @@ def safe_load(path: str | os.PathLike[str]) -> Any:
     The file's checksums are verified first (:func:`check_integrity`): a damaged file is never loaded.
     """
     file = Path(path)
+    _check_resolves(file)
     pending.wait_for(file)  # a checkpoint this process is still writing in the background: read it complete
     _check_is_torch_file(file)
     check_integrity(file)

@@ -6,9 +6,9 @@ of each tensor lies) and Lightning's ``meta.pt`` (everything else: loops, callba
 
 - **Atomic.** Every rank writes into a hidden ``.last.ckpt.<token>.tmp/`` folder; when all have finished (DCP
   writes ``.metadata`` only then) rank 0 adds ``meta.pt``, syncs, and swaps the folder onto its name in one
-  ``renameat2(RENAME_EXCHANGE)`` (two renames where the file system lacks it). A kill at any point leaves the
-  previous checkpoint under the name, or a hidden folder that nothing resumes from
-  (:mod:`project.checkpoints.sharded_save`).
+  ``renameat2(RENAME_EXCHANGE)`` (renames recoverable from any step where the file system lacks it). A kill at
+  any point leaves the previous checkpoint under the name, or the new one committed beside it, or a hidden
+  folder that nothing resumes from (:mod:`project.checkpoints.sharded_save`).
 - **Read safely.** DCP reads ``.metadata`` with plain pickle and small objects with ``weights_only=False``;
   here both go through the project's policy: only DCP's metadata classes and weights-only objects load,
   unless ``PROJECT_ALLOW_PICKLE=1`` (this module).

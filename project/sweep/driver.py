@@ -21,7 +21,7 @@ from project.errors import UserError, run_reporting_user_errors
 from project.sweep.finish import finish
 from project.sweep.loop import Sweep, run_trials
 from project.sweep.space import read_space
-from project.sweep.study import StudyPaths, hold_study, open_study
+from project.sweep.study import StudyPaths, hold_study, new_folders, open_study, remove_empty
 
 DESCRIPTION = (
     "Search hyperparameters on Optuna. Each trial is `python -m project fit` with the base configs, the space's "
@@ -74,6 +74,7 @@ def sweep(argv: list[str]) -> None:
     options = parse_options(argv)
     space = read_space(options.sweep)
     paths = StudyPaths(options.study or space.path.stem)
+    created = new_folders(paths)
     lock = hold_study(paths)
     try:
         import optuna
@@ -88,3 +89,4 @@ def sweep(argv: list[str]) -> None:
         finish(run)
     finally:
         lock.release()
+        remove_empty(created)  # a new study refused before its study.db was created leaves nothing

@@ -11,6 +11,7 @@ next one after a ``kill -9`` goes ahead.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,18 @@ class StudyPaths:
         return self.folder / f"trial_{number}"
 
 
+def new_folders(paths: StudyPaths) -> list[Path]:
+    """The folders :func:`hold_study` will create for ``paths`` (none for a study that exists), deepest first."""
+    return [folder for folder in (paths.folder, *paths.folder.parents) if folder.parts and not folder.exists()]
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove those of ``folders`` (deepest first) that are empty: what a refused new study created, nothing else."""
+    for folder in folders:
+        with contextlib.suppress(OSError):  # not empty (the study was created) or already gone
+            folder.rmdir()
+
+
 def hold_study(paths: StudyPaths) -> TrainingLock:
     """Lock the study folder for this driver.
 
@@ -76,15 +89,19 @@ def open_study(paths: StudyPaths, configs: list[str], space: Space) -> tuple[Any
     """
     import optuna
 
-    storage = open_storage(paths.storage)
-    stored = _stored_setup(storage, paths.name)
+    if not (paths.folder / "study.db").exists():  # a new study: refused (if it is) before study.db is created
+        setup = check_setup(configs, space)
+        storage, stored = open_storage(paths.storage), None
+    else:
+        storage = open_storage(paths.storage)
+        stored = _stored_setup(storage, paths.name)
+        setup = stored if stored is not None and stored.fingerprint == fingerprint(configs, space) else None
     if stored is not None and _resolved(stored.configs) != _resolved(configs):
         given = " ".join(f"--config {c}" for c in stored.configs)
         raise UserError(
             f"study {paths.name} runs its trials with {given}; continue it with the same configs, or start another "
             "study with --study NAME"
         )
-    setup = stored if stored is not None and stored.fingerprint == fingerprint(configs, space) else None
     if setup is None:
         setup = check_setup(configs, space)
     if stored is not None and (stored.metric, stored.direction) != (setup.metric, setup.direction):

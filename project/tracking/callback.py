@@ -17,7 +17,7 @@ import lightning as L
 
 from project.errors import Preempted, UserError
 from project.runs import run_directory
-from project.tracking.config import CHECKPOINT_KEY, RUN_ID_KEY, Store
+from project.tracking.config import CHECKPOINT_KEY, RUN_ID_KEY, Store, redact
 from project.tracking.ledger import plan_params
 
 if TYPE_CHECKING:
@@ -75,11 +75,11 @@ class TrackingCallback(L.Callback):
         except UserError:
             raise
         except Exception as error:  # reachable at the check moments ago: say it in one line, before training
-            raise UserError(f"tracking: could not open the MLflow run in {self.store.uri}: {error}") from error
+            raise UserError(redact(f"tracking: could not open the MLflow run in {self.store.uri}: {error}")) from error
         self.logger = ProjectMLFlowLogger(self.store, opened, self.start_step)
         trainer.loggers = [*trainer.loggers, self.logger]  # after TensorBoard, which keeps naming the run directory
         verb = "started" if opened.created else "continues"
-        sys.stderr.write(f"MLflow run {opened.run_id} ({name}) {verb} in {self.store.uri}\n")
+        sys.stderr.write(f"MLflow run {opened.run_id} ({name}) {verb} in {self.store.shown}\n")
         return opened.run_id
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -6,6 +6,7 @@ Pure: no Lightning and no mlflow, so every command can parse the section without
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -41,6 +42,16 @@ class TrackingConfig:
     tags: dict[str, str | bool | int | float] = field(default_factory=dict)
 
 
+# A URI's password (`scheme://user:password@host`) and secrets in its query (`?password=...`): never shown.
+_USER_SECRET = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^/@\s:]*):[^/\s]*@")  # the last @: a raw @ in it
+_QUERY_SECRET = re.compile(r"(?i)(?P<key>[?&;](?:password|passwd|pwd|secret|token|access_token|api_key)=)[^&;\s]*")
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URI in it hidden (``postgresql://me:***@host/db``, ``?token=***``)."""
+    return _QUERY_SECRET.sub(r"\g<key>***", _USER_SECRET.sub(r"\g<head>:***@", text))
+
+
 @dataclass(frozen=True)
 class Store:
     """Where one tracked fit logs: the store's URI, the artifact root of a new experiment, the experiment's name.
@@ -51,6 +62,11 @@ class Store:
     uri: str
     artifact_location: str | None
     experiment: str
+
+    @property
+    def shown(self) -> str:
+        """The URI as messages show it: without its password (:func:`redact`)."""
+        return redact(self.uri)
 
     @property
     def sqlite_file(self) -> Path | None:

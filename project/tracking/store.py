@@ -23,7 +23,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking.context.registry import resolve_tags
 
 from project.errors import UserError, first_line
-from project.tracking.config import Store
+from project.tracking.config import Store, redact
 
 #: The tag that names the run directory (``logs/<name>/version_<n>``, absolute) the TensorBoard logger owns.
 RUN_DIR_TAG = "run_directory"
@@ -109,13 +109,13 @@ def check_store(store: Store) -> MlflowClient:
             experiment = client.get_experiment_by_name(store.experiment)
     except Exception as error:  # any store: MlflowException, SQLAlchemy's errors, OSError, requests' errors
         raise UserError(
-            f"tracking: MLflow cannot use the store {store.uri} ({_cause(error)}); set tracking.tracking_uri "
+            f"tracking: MLflow cannot use the store {store.shown} ({redact(_cause(error))}); set tracking.tracking_uri "
             "(or MLFLOW_TRACKING_URI) to a store it can reach, or train without it (tracking.logger: none)"
         ) from error
     if experiment is not None and experiment.lifecycle_stage != "active":
         raise UserError(
-            f"tracking: the MLflow experiment '{store.experiment}' is deleted in {store.uri}; restore it "
-            f"(MLFLOW_TRACKING_URI={store.uri} mlflow experiments restore -x {experiment.experiment_id}) or name "
+            f"tracking: the MLflow experiment '{store.experiment}' is deleted in {store.shown}; restore it "
+            f"(MLFLOW_TRACKING_URI={store.shown} mlflow experiments restore -x {experiment.experiment_id}) or name "
             "another one (tracking.experiment)"
         )
     return client
@@ -144,7 +144,7 @@ def open_run(client: MlflowClient, store: Store, resumed: str | None, name: str,
             client.log_batch(resumed, tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)
             marks = {key: _highest_step(client, resumed, key) for key in run.data.metrics}
             return OpenedRun(resumed, False, marks, dict(run.data.params), {**run.data.tags, **tags})
-        _say(f"note: the checkpoint's MLflow run {resumed} is not in {store.uri}; this training goes on in a new run")
+        _say(f"note: the checkpoint's MLflow run {resumed} is not in {store.shown}; this training goes on in a new run")
     run = client.create_run(_experiment_id(client, store), tags=resolve_tags(tags), run_name=name)
     return OpenedRun(run.info.run_id, True, tags=dict(run.data.tags))
 
