@@ -68,7 +68,9 @@ class StopOnSignal(L.Callback):
         skip_sigterm_broadcast(trainer)
         if trainer.world_size > 1:
             self._channel = StopChannel.open(trainer, on_agreed=stop_signals.start_grace)
-        stop_signals.set_kept(lambda: newest_checkpoint(trainer))
+        # log_dir is a broadcast: asked here, where every rank is, not in the grace period's thread
+        folder = os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints")
+        stop_signals.set_kept(lambda: newest_checkpoint(folder))
         stop_signals.reinstall()
         stop_signals.set_phase("training", self._on_signal)
 
@@ -138,6 +140,7 @@ class StopOnSignal(L.Callback):
     def _stop(self, trainer: L.Trainer, why: str, after: str = "") -> None:
         """Save this step on every rank, flush the writes, meet once, and end with the preempted code."""
         stop_signals.set_phase("ending")
+        stop_signals.start_grace(why)  # this rank may have learnt of the stop from another: bound it, save it
         path = save_latest(trainer)
         pending.wait_for()
         trainer.strategy.barrier("project-stop")
@@ -147,9 +150,8 @@ class StopOnSignal(L.Callback):
         )
 
 
-def newest_checkpoint(trainer: L.Trainer) -> str:
-    """What a stop that could not save keeps: the newest checkpoint file of the run, by its step if it says."""
-    folder = os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints")
+def newest_checkpoint(folder: str) -> str:
+    """What a stop that could not save keeps: the newest checkpoint file in ``folder`` (reads files only)."""
     try:
         files = [f for f in os.scandir(folder) if f.name.endswith(".ckpt") and not f.name.startswith(".")]
     except OSError:

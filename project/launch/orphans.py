@@ -78,6 +78,15 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def finish_without_parent() -> None:
+    """A stop is under way in this rank: let it finish if the launcher dies now (Linux; its grace period bounds it).
+
+    torchrun's agent that got a second signal while its workers save their stop step ends without waiting for them;
+    the rank no longer trains (it stops within 2 steps) and ends within ``parallel.stop_grace_s`` in any case.
+    """
+    _set_parent_death_signal(0)
+
+
 def _set_parent_death_signal(signum: int) -> bool:
     """``prctl(PR_SET_PDEATHSIG, signum)``; whether it took effect (Linux only)."""
     if not sys.platform.startswith("linux"):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from project.errors import RANK_VARIABLES, Preempted
+from project.launch.orphans import finish_without_parent
 
 #: Where a stop signal ends the rank at once (nothing of this run's training would be lost, or none is left to save).
 ENDS_AT_ONCE = ("before", "after")
@@ -158,7 +159,12 @@ def _handle(signum: int, frame: Any) -> None:
 
 
 def start_grace(why: str) -> None:
-    """End this process with exit code 75 ``grace_s`` seconds from now, unless it ended before (once per process)."""
+    """End this process with exit code 75 ``grace_s`` seconds from now, unless it ended before (once per process).
+
+    From the main thread, the stop also outlives the launcher (:func:`~project.launch.orphans.finish_without_parent`).
+    """
+    if threading.current_thread() is threading.main_thread():
+        finish_without_parent()  # the parent-death signal is the main thread's: only it can clear it
     if _STATE.grace is None:
         _STATE.grace = threading.Thread(target=_end_after_grace, args=(why,), name="project-stop-grace", daemon=True)
         _STATE.grace.start()

@@ -175,8 +175,8 @@ def test_sigusr1_then_sigterm_to_torchruns_agent_stop_the_workers_at_one_saved_s
         if launcher.poll() is None:
             launcher.kill()
     text = log.read_text()
-    assert text.count("error: stopped by SIGUSR1 to rank") == 1, text[-3000:]
-    assert "exitcode  : 75" in text or "exitcode: 75" in text or launcher.returncode == 75, text[-3000:]
+    assert text.count("error: stopped by SIGUSR1 to rank") == 1, text[-3000:]  # the workers' own line, once
     saved = step_of(tmp_path / RUN / "checkpoints" / "last.ckpt")
-    assert f"at step {saved}:" in text
+    assert saved >= 3 and f"at step {saved}: " in text, text[-3000:]
+    assert launcher.returncode == 1  # torchrun's own code after a signal (docs/launching.md): not 75
     assert_gone(workers)
