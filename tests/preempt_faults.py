@@ -141,7 +141,8 @@ class WaitAt(L.Callback):
     Args:
         moment: ``setup`` (the callbacks' setup), ``restore`` (Lightning restoring a checkpoint's callback state),
             ``micro_batch`` (inside the ``micro_batch: auto`` trial step), ``sanity_check`` (a validation batch of the
-            sanity check), ``validation`` (a validation batch during training: a long validation).
+            sanity check), ``validation`` (a validation batch during training: a long validation), ``test`` (a
+            batch of the test after fit).
         record: Folder for the ``at<rank>.json`` files.
         wait_s: How long each rank waits there.
     """
@@ -173,6 +174,11 @@ class WaitAt(L.Callback):
     def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx, *_) -> None:
         """``sanity_check`` / ``validation``: a validation batch before training, or during it."""
         if self.moment == ("sanity_check" if trainer.sanity_checking else "validation"):
+            self._arrive()
+
+    def on_test_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx, *_) -> None:
+        """``test``: the test after fit (training is over)."""
+        if self.moment == "test":
             self._arrive()
 
     def _arrive(self) -> None:

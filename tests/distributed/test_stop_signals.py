@@ -146,6 +146,24 @@ def test_a_second_signal_while_the_stop_ends_the_processes_keeps_75_and_the_save
     assert (record / "again.json").is_file()  # the second signal was sent, 1 s after the first, at rank 0's exit
 
 
+def test_a_signal_at_the_last_step_saves_it_and_resume_runs_the_test_that_did_not(tmp_path):
+    args = [*TWO[:-2], "--test_after_fit", "true"]
+    stopped = run_cli([*args, callback("SignalAtStep", step=6, rank=1)], tmp_path)
+    assert_stopped_once(stopped, "stopped by SIGTERM to rank 1 at step 6 (the last step; the test and export")
+    assert step_of(tmp_path / RUN / "checkpoints" / "last.ckpt") == 6
+    resumed = run_cli([*args, "--resume", "auto"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "test/acc" in resumed.stdout and [p.name for p in run_dirs(tmp_path)] == ["version_0"]
+
+
+def test_a_signal_during_the_test_after_fit_ends_it_with_75_saying_what_did_not_run(tmp_path):
+    args = [*TWO[:-2], "--test_after_fit", "true"]
+    stopped, pids = signal_while_waiting(tmp_path, args, "test", {0: "SIGTERM"})
+    assert_stopped_once(stopped, "stopped by SIGTERM to rank 0 after the last training step (6)", "did not run")
+    assert step_of(tmp_path / RUN / "checkpoints" / "last.ckpt") == 6
+    assert_gone(pids.values())
+
+
 def test_a_signal_to_one_rank_during_a_long_validation_ends_both_within_the_grace_saying_what_is_kept(tmp_path):
     args = [*TWO, "--parallel.stop_grace_s", "3", "--trainer.max_steps", "40"]
     stopped, pids = signal_while_waiting(tmp_path, args, "validation", {1: "SIGTERM"}, wait_s=12.0)
