@@ -136,7 +136,13 @@ class Workload:
             "optimizer": self._optimizer_config(),
             "lr_scheduler": None,
             # The language model validates once, after the last measured step (the MLPs' one epoch does the same).
-            "trainer": {"max_steps": self.steps, **({"val_check_interval": self.steps} if self.block_size else {})},
+            # Logged every 50 steps, Lightning's default as in bench/plain.py (configs/digits.yaml says 10: its epochs
+            # are 19 steps, and Lightning warns when the interval is longer than an epoch).
+            "trainer": {
+                "max_steps": self.steps,
+                "log_every_n_steps": 50,
+                **({"val_check_interval": self.steps} if self.block_size else {}),
+            },
         }
 
     def _optimizer_config(self) -> dict[str, Any]:

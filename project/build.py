@@ -46,6 +46,7 @@ from project.run_config import (
     NoProfiler,
     SaveUserConfig,
     listed,
+    quiet_third_party,
     refuse_trainer_overlap,
     say_plain_lightning,
     say_replaced_optimizer,
@@ -60,6 +61,7 @@ from project.tracking.config import TrackingConfig
 warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
 # Said in one line by say_replaced_optimizer, which also names the way out.
 warnings.filterwarnings("ignore", message=r"`.*configure_optimizers` will be overridden by")
+quiet_third_party()  # two lines no user can act on (Lightning's litlogger tip, a torch deprecation in Lightning)
 
 # Before `python -m project` forks its ranks, so no process starts an interpreter to learn sys.path.
 resolve_stubs_in_process()

@@ -24,6 +24,7 @@ import lightning as L
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from project.build import ProjectCLI
+from project.callbacks.best_checkpoint import best_checkpoint_path
 from project.callbacks.preemption import stopped_by_signal
 from project.checkpoints.diff import diff_state_dicts
 from project.checkpoints.io import AtomicCheckpointIO
@@ -167,8 +168,8 @@ def _test_after_fit(cli: ProjectCLI) -> None:
         if trainer.is_global_zero:
             print(f"No test after fit: {missing} (--test_after_fit false says so quietly)", flush=True)
         return
-    best = getattr(trainer.checkpoint_callback, "best_model_path", "")
-    trainer.test(model, datamodule=data, ckpt_path="best" if best else None)
+    # The path, not "best": Lightning's "best" is the first ModelCheckpoint's (last.ckpt's saver is one), with a warning
+    trainer.test(model, datamodule=data, ckpt_path=best_checkpoint_path(trainer))
 
 
 def run_command(command: str, cli: ProjectCLI) -> None:

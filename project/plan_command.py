@@ -1,4 +1,7 @@
-"""``python -m project plan``: the plan ``fit`` would resolve, printed, without training or writing anything."""
+"""``python -m project plan``: the plan ``fit`` would resolve, printed, without training or writing anything.
+
+It calls no user hook that writes: never ``prepare_data`` (downloads), only ``setup`` and the loaders.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import IterableDataset
 
 from project.callbacks.model_checks import refuse_manual_accumulation
+from project.errors import first_line
 from project.parallel.fsdp_units import plan_units
 from project.parallel.limits import (
     SETTINGS,
@@ -33,27 +37,45 @@ if TYPE_CHECKING:
     from project.build import ProjectCLI
 
 
-def training_batch_size(datamodule: Any) -> int | None:
-    """The batch size of the training loader the datamodule returns (built here: ``plan`` trains nothing)."""
+def training_loader(datamodule: Any) -> tuple[Any, str | None]:
+    """The training loader from ``setup("fit")`` alone, never ``prepare_data`` (downloads, files); else why not."""
+    # setup writes nothing by Lightning's rules (it runs on every process); prepare_data is where files are written.
     if datamodule is None:
-        return None
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    return getattr(datamodule.train_dataloader(), "batch_size", None)
+        return None, None
+    try:
+        datamodule.setup("fit")
+        return datamodule.train_dataloader(), None
+    except Exception as error:  # e.g. the files prepare_data would download: not there, and plan fetches nothing
+        return None, (
+            f"the training loader was not built ({type(datamodule).__name__}.setup needs what prepare_data provides, "
+            f"which plan never runs: {first_line(error)})"
+        )
 
 
-def resolve_for_plan(cli: ProjectCLI) -> Plan:
-    """The plan ``fit`` would resolve; a layout an outside launcher would refuse is shown with the reason."""
+def configured_batch_size(datamodule: Any) -> int | None:
+    """The datamodule's ``batch_size`` as the config set it (an attribute or a saved hyperparameter), if any."""
+    value = getattr(datamodule, "batch_size", None) or getattr(datamodule, "hparams", {}).get("batch_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def resolve_for_plan(cli: ProjectCLI, loader: Any, unbuilt: str | None) -> Plan:
+    """The plan ``fit`` would resolve; without the loader (``unbuilt``: why) from the config's batch size, said so."""
+    # A layout an outside launcher would refuse is shown with the reason.
     assert cli.plan_inputs is not None
     settings, hardware = cli.plan_inputs
     environment = detect_environment()
-    data_batch = training_batch_size(cli.datamodule)
+    data_batch = getattr(loader, "batch_size", None) if loader is not None else configured_batch_size(cli.datamodule)
+    notes: tuple[str, ...] = ()
+    if unbuilt is not None:
+        known = f"the config's batch_size {data_batch}" if data_batch is not None else "no batch size (fit reads it)"
+        notes = (f"{unbuilt}: planned with {known}; the limits in samples are not counted",)
     try:
-        return resolve_plan(settings, hardware, environment, data_batch, cli.configured_lr())
+        plan = resolve_plan(settings, hardware, environment, data_batch, cli.configured_lr())
     except LaunchMismatchError as error:
         unset = replace(environment, world_size=None, local_world_size=None, num_nodes=None)
         plan = resolve_plan(settings, hardware, unset, data_batch, cli.configured_lr())
-        return replace(plan, notes=(*plan.notes, f"will not start under {environment.launcher}: {error}"))
+        notes = (*notes, f"will not start under {environment.launcher}: {error}")
+    return replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 
 
 def trainer_limits(trainer: Any) -> SimpleNamespace:
@@ -72,17 +94,17 @@ EVAL_STAGES = {"validation": ("val_dataloader", "validate"), "test": ("test_data
 EVAL_STAGES["predict"] = ("predict_dataloader", "predict")
 
 
-def plan_limits(cli: ProjectCLI, plan: Plan) -> dict[str, list[Limit | str]]:
+def plan_limits(cli: ProjectCLI, plan: Plan, loader: Any) -> dict[str, list[Limit | str]]:
     """What each ``limit_*_batches`` keeps under ``plan``, in samples, for the loaders the datamodule has.
 
-    Refuses, as ``fit`` would before training, a ``val_check_interval`` that validation could never reach.
+    ``loader`` is the training loader (``None``: not built, nothing counted). Refuses, as ``fit`` would before
+    training, a ``val_check_interval`` that validation could never reach.
     """
     data, per_device = cli.datamodule, plan.per_device_batch_size
-    if data is None or per_device is None:
+    if data is None or per_device is None or loader is None:
         return {}
     settings, micro = trainer_limits(cli.config.trainer), per_device * plan.dp_size
     found: dict[str, list[Limit | str]] = {}
-    loader = data.train_dataloader()  # set up for fit by training_batch_size already
     if isinstance(getattr(loader, "dataset", None), IterableDataset):
         found["training"] = [stream_limit(settings.limit_train_batches, micro)]
     elif takes_eval_sampler(loader):  # the layer's training sampler goes where its evaluation sampler goes
@@ -163,7 +185,8 @@ def tensor_split_bytes(model: Any, styles: dict[str, str]) -> tuple[int, int]:
 
 def print_plan(cli: ProjectCLI) -> None:
     """Print the plan as a table, or as one JSON object with ``--json``."""
-    plan = resolve_for_plan(cli)
+    loader, unbuilt = training_loader(cli.datamodule)
+    plan = resolve_for_plan(cli, loader, unbuilt)
     # What fit would refuse before starting, plan refuses alike (the plan of a run that cannot start misleads).
     refuse_manual_accumulation(cli.model, plan.accumulation, cli.plan_inputs[0], plan)
     data = plan.to_dict()
@@ -171,7 +194,7 @@ def print_plan(cli: ProjectCLI) -> None:
     styles = tensor_styles(cli, plan)
     if styles:
         data["strategy"]["tensor_parallel"] = {"size": plan.degrees["tp"], "modules": styles}
-    limits = plan_limits(cli, plan)
+    limits = plan_limits(cli, plan, loader)
     data["limits"] = limits_json(limits)
     if cli.config.get("parallel") is None:
         data["notes"] = [*data["notes"], "no parallel section: this is what `parallel.scenario: auto` would do"]

@@ -6,8 +6,10 @@ The run options, the trainer settings the plan owns, the run's saved ``config.ya
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import sys
+import warnings
 from typing import Any
 
 import lightning as L
@@ -117,6 +119,24 @@ def say_plain_lightning(trainer: Namespace, gpus: int) -> None:
             "for them add a parallel section, e.g. --config configs/parallel/cpu_ddp.yaml (CPU processes) "
             "or configs/parallel/ddp.yaml (GPUs), and drop the trainer's devices/strategy\n"
         )
+
+
+def quiet_third_party() -> None:
+    """Silence, at their source, two lines of every run that no user of the template can act on; nothing else.
+
+    Lightning's "Tip: ... try installing litlogger" (an info record, an advertisement for its cloud logger; every
+    other info line stays), and torch 2.13's FutureWarning that ``LeafSpec`` is deprecated, raised by Lightning
+    2.6's own ``lightning/pytorch/utilities/_pytree.py`` on every batch: a deprecation in Lightning's code.
+    """
+
+    def not_the_tip(record: logging.LogRecord) -> bool:
+        return "litlogger" not in str(record.msg)
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(not_the_tip)
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )
 
 
 def wants_template_progress_bar(trainer_config: dict[str, Any]) -> bool:

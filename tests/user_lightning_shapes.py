@@ -8,12 +8,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
-from user_code import PlainDigits
+from user_code import PlainDigits, digits_parts
 
 
 class LazyClassifier(L.LightningModule):
@@ -93,3 +95,21 @@ class TwoLoaderRegressor(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """SGD."""
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class WritingDigits(PlainDigits):
+    """``prepare_data`` writes the data to ``data_dir`` (as a download does); ``setup`` reads it from there."""
+
+    def __init__(self, data_dir: str = "data", bs: int = 16) -> None:
+        super().__init__(bs=bs)
+        self.data_dir = data_dir
+        self.batch_size = bs
+
+    def prepare_data(self) -> None:
+        """The "download": the digits written to a file."""
+        Path(self.data_dir).mkdir(parents=True, exist_ok=True)
+        torch.save(digits_parts(), Path(self.data_dir) / "digits.pt")
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read what prepare_data wrote."""
+        self.train, self.val, self.test = torch.load(Path(self.data_dir) / "digits.pt", weights_only=False)

@@ -63,3 +63,16 @@ class BestCheckpoint(ModelCheckpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Nothing: without a step or time trigger ``ModelCheckpoint`` saves only after validation."""
+
+
+def best_checkpoint_path(trainer: L.Trainer) -> str | None:
+    """The best checkpoint by a validation metric: the first monitoring ``ModelCheckpoint``'s, once it saved one.
+
+    The template's own choice, named to Lightning as a path: ``ckpt_path="best"`` takes the first
+    ``ModelCheckpoint`` of any kind (``last.ckpt``'s :class:`TimedCheckpoint` is one too) and warns that there are
+    several. ``None`` when nothing monitors a metric or nothing was saved by one.
+    """
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.monitor is not None and callback.best_model_path:
+            return callback.best_model_path
+    return None

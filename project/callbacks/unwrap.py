@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
+from project.callbacks.best_checkpoint import best_checkpoint_path
 from project.checkpoints.sharded_merge import checkpoint_weights
 from project.errors import UserError
 from project.export import (
@@ -228,10 +228,7 @@ class UnwrapEvalCallback(L.Callback):
         return {"format": STATE_DICT_FORMAT, "network": network, "reason": reason}
 
     def _best_path(self, trainer: L.Trainer) -> str | None:
-        checkpoint = trainer.checkpoint_callback
-        if not self.export_best or not isinstance(checkpoint, ModelCheckpoint) or checkpoint.monitor is None:
-            return None
-        return checkpoint.best_model_path or None
+        return best_checkpoint_path(trainer) if self.export_best else None  # the checkpoint test after fit takes
 
 
 def _gather_full_state(net: nn.Module) -> dict[str, Any]:

@@ -3,15 +3,19 @@
 - A monitor on one of several validation loaders (``val/mse/dataloader_idx_0``, Lightning's own naming) is proven by
   the sanity check, as plain Lightning's ModelCheckpoint accepts it; a loader that does not exist is still one line.
 - The final step of a fit is always in ``last.ckpt``; a fit whose validation never ran says so in one line.
+- Lightning's own layout flags without a ``parallel:`` section say, in one line, that the guarantees are off.
+- ``plan`` runs no ``prepare_data`` (a download writes files): it writes nothing, and says what it could not know;
+  ``configs/parallel/fsdp.yaml`` plans on CPU processes (backend auto: gloo there).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
-from helpers import DIGITS, FAST, assert_clean_error, run_cli
+from helpers import CONFIGS, DIGITS, FAST, assert_clean_error, run_cli
 
 TWO_LOADERS = """
 model:
@@ -106,3 +110,33 @@ trainer:
     class_path: lightning.pytorch.loggers.TensorBoardLogger
     init_args: {save_dir: logs, name: lazy}
 """
+
+
+def test_plan_runs_no_prepare_data_writes_nothing_and_says_what_it_could_not_know(tmp_path):
+    data = ["--data.class_path", "user_lightning_shapes.WritingDigits", "--data.init_args.data_dir", "data"]
+    data += ["--data.init_args.bs", "24"]
+    result = run_cli(["plan", "--config", DIGITS, *data, "--json"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no data/ written, no logs/
+    plan = json.loads(result.stdout.splitlines()[-1])
+    assert plan["per_device_batch_size"] == 24  # the config's batch size, since the loader was not built
+    (note,) = [n for n in plan["notes"] if "training loader was not built" in n]
+    assert "WritingDigits.setup needs what prepare_data provides" in note and "limits" in note
+    # Once fit has run prepare_data, plan builds the loader from setup alone (and still writes nothing).
+    fitted = run_cli(
+        ["fit", "--config", DIGITS, "--config", FAST, *data, "--trainer.max_steps", "2", "--test_after_fit", "false"],
+        tmp_path,
+    )
+    assert fitted.returncode == 0, fitted.stderr[-3000:]
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    again = run_cli(["plan", "--config", DIGITS, *data, "--json"], tmp_path)
+    assert again.returncode == 0 and sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert not [n for n in json.loads(again.stdout.splitlines()[-1])["notes"] if "not built" in n]
+
+
+def test_the_fsdp_config_plans_on_cpu_processes_with_gloo(tmp_path):
+    fsdp = str(CONFIGS / "parallel" / "fsdp.yaml")
+    result = run_cli(["plan", "--config", DIGITS, "--config", fsdp, "--parallel.devices", "2", "--json"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    plan = json.loads(result.stdout.splitlines()[-1])
+    assert plan["backend"] == "gloo" and plan["scenario"] == "fsdp" and plan["world_size"] == 2
