@@ -39,6 +39,8 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     #: Words the error must not contain (advice that does not apply).
     absent: tuple[str, ...] = ()
+    #: Paths (relative to the case's folder) that must not exist afterwards: a run written outside logs/.
+    outside: tuple[str, ...] = ()
 
 
 def torchrun_env(world_size: int, local_world_size: int) -> dict[str, str]:
@@ -167,6 +169,40 @@ CASES = {
     "trainer-precision-beside-the-parallel-section": Case(
         ("fit", *BASE, "--trainer.precision", "bf16-mixed"), ("trainer.precision='bf16-mixed'", "parallel")
     ),
+    # Issue 39: bad input that gave tracebacks, raw parser pages or misleading hints.
+    "checkpoint-is-a-symlink-loop": Case(("test", *BASE, "--ckpt_path", "{tmp}/loop.ckpt"), ("loop.ckpt", "a loop")),
+    "run-name-is-a-path": Case(
+        ("fit", *BASE, "--trainer.logger.init_args.name", "../../escaped"),
+        ("run name '../../escaped'", "plain folder name", "give a plain name"),
+        outside=("../escaped", "escaped"),
+    ),
+    "run-version-is-a-path": Case(
+        ("fit", *BASE, "--trainer.logger.init_args.version", "../version_9"), ("run version '../version_9'",)
+    ),
+    "tensor-parallel-size-not-a-number": Case(
+        ("fit", *BASE, "--parallel.tensor_parallel.size", "abc"),
+        ("parallel.tensor_parallel.size='abc' is not a whole number",),
+        absent=("Parser key", "Union"),
+    ),
+    "micro-batch-not-a-number": Case(
+        ("fit", *BASE, "--parallel.micro_batch", "abc"),
+        ("parallel.micro_batch='abc' is not a whole number, 'auto' or null",),
+        absent=("Parser key", "Union"),
+    ),
+    "sharded-checkpoint-without-metadata": Case(
+        ("test", *BASE, "--ckpt_path", "{tmp}/shards.ckpt"),
+        ("shards.ckpt", "incomplete sharded", "no .metadata"),
+        absent=("give a file inside it",),
+    ),
+    "store-uri-with-a-password": Case(
+        ("fit", *BASE, "--tracking.logger", "mlflow", "--tracking.tracking_uri", "http://me:s3cret@127.0.0.1:9"),
+        ("MLflow cannot use the store http://me:***@127.0.0.1:9",),
+        absent=("s3cret",),
+    ),
+    "sweep-space-the-base-config-does-not-take": Case(
+        ("sweep", "--config", DIGITS, "--config", FAST, "--sweep", "{tmp}/typo.yaml"),
+        ("does not take the sweep's keys", "learning_rate"),
+    ),
 }
 # Config files for the cases above: a module that logs no val/acc; a net_attribute that does not exist.
 MODEL_ATTRIBUTE_YAML = """model:
@@ -208,13 +244,20 @@ def run_case(name: str, case: Case, template: Path, root: Path) -> dict:
     (cwd / "predictions.csv").write_text("index,prediction\n0,3\n")
     (cwd / "net_attribute.yaml").write_text(NET_ATTRIBUTE_YAML)
     (cwd / "model_attribute.yaml").write_text(MODEL_ATTRIBUTE_YAML)
+    (cwd / "typo.yaml").write_text("parameters:\n  optimizer.init_args.learning_rate: {type: float, low: 0.1, high: 1}")
+    (cwd / "loop.ckpt").symlink_to(cwd / "loop.ckpt")
+    (cwd / "shards.ckpt").mkdir()  # a sharded checkpoint's shards and meta.pt, without DCP's .metadata
+    for name in ("__0_0.distcp", "__1_0.distcp", "meta.pt"):
+        (cwd / "shards.ckpt" / name).write_bytes(b"\0" * 16)
     legacy = {f"module.{k}": v for k, v in DigitsNet().state_dict().items()}
     torch.save({**legacy, "module.extra.weight": torch.zeros(3)}, cwd / "legacy_ddp.pt")
     before = snapshot(cwd / "logs")
     args = [a.format(run=str(cwd / RUN), tmp=str(cwd)) for a in case.args]
     start = time.monotonic()
     result = run_cli(args, cwd, env=case.env, timeout=120)
-    return {"result": result, "seconds": time.monotonic() - start, "before": before, "after": snapshot(cwd / "logs")}
+    escaped = [path for path in case.outside if (cwd / path).exists()]
+    after = snapshot(cwd / "logs")
+    return {"result": result, "seconds": time.monotonic() - start, "before": before, "after": after, "escaped": escaped}
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +285,7 @@ def test_bad_input_is_one_clear_line_and_touches_nothing(outcomes, name):
     for word in case.absent:
         assert word not in errors[0], f"{word!r} in: {errors[0]}"
     assert outcome["after"] == outcome["before"], "the existing run directory changed or a new version appeared"
+    assert outcome["escaped"] == [], f"written outside logs/: {outcome['escaped']}"
 
 
 @pytest.mark.distributed
