@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -58,7 +59,7 @@ def _bad_type(message: str) -> str | None:
     keys = list(re.finditer(r'Parser key "([^"]+)"', message))
     tail = message[keys[-1].end() :] if keys else ""
     found = re.search(r"(?:Got|Given) value: (\S+)", tail)
-    if found is None:
+    if found is None or found.group(1).startswith("NestedArg("):  # a nested section's own report: not a value
         return None
     # A union lists its types before "Errors:"; a plain type is the one "Expected" before the value (what follows
     # it is about the enclosing section's other types).
@@ -66,13 +67,24 @@ def _bad_type(message: str) -> str | None:
     words: list[str] = []
     for name, choices in re.findall(r"<class '(?:[\w.]+\.)?(\w+)'>|typing\.Literal\[([^\]]*)\]", expected):
         word = _TYPE_WORDS.get(name, name) if name else ", ".join(c.strip() for c in choices.split(","))
-        if word not in words:
+        if word not in words and word != "NestedArg":
             words.append(word)
     if not words:
         return None
     wanted = ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
-    key = ".".join(k.group(1) for k in keys)
+    key = _flag_of(keys[-1].group(1), found.group(1)) or ".".join(k.group(1) for k in keys)
     return f"{key}={found.group(1)!r} is not {wanted}; give {key} {wanted}"
+
+
+def _flag_of(key: str, value: str) -> str | None:
+    """The option as the user wrote it (``model.init_args.net.init_args.hidden``; the parser's keys drop init_args)."""
+    args = sys.argv[1:]
+    for i, arg in enumerate(args):
+        name, equals, given = arg.partition("=")
+        given = given if equals else (args[i + 1] if i + 1 < len(args) else "")
+        if name.startswith("--") and name.rpartition(".")[2] == key.rpartition(".")[2] and given == value:
+            return name[2:]
+    return None
 
 
 def root_cause(error: BaseException) -> str:
