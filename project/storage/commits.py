@@ -57,7 +57,7 @@ def upload(store: Store, local: Path, files: dict[str, dict[str, Any]] | None = 
         "host": socket.gethostname(),
         "pid": os.getpid(),
     }
-    store.fs.pipe_file(commit_path(remote), json.dumps(record, sort_keys=True, indent=1).encode())  # the commit
+    objects.write(store.fs, commit_path(remote), json.dumps(record, sort_keys=True, indent=1).encode())  # commit
     if previous is not None and previous.get("data") != data:
         _remove_data(store, folder, previous)
     return record

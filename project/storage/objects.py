@@ -36,8 +36,21 @@ def is_s3(fs: Any) -> bool:
 def put(fs: Any, local: str | os.PathLike[str], remote: str) -> dict[str, Any]:
     """Upload one local file; its size and SHA-256 (read from the file before it goes up), for a commit."""
     entry = {"size": os.path.getsize(local), "sha256": sha256_of(local)}
+    _parents(fs, remote)
     fs.put_file(str(local), remote)
     return entry
+
+
+def write(fs: Any, remote: str, data: bytes) -> None:
+    """Write a small object in one request (a commit, a record)."""
+    _parents(fs, remote)
+    fs.pipe_file(remote, data)
+
+
+def _parents(fs: Any, remote: str) -> None:
+    """A file system with folders (``file://``, a mount) needs the parents; an object store has none to make."""
+    if not is_s3(fs):
+        fs.makedirs(fs._parent(remote), exist_ok=True)
 
 
 def get(fs: Any, remote: str, local: Path, expected: dict[str, Any] | None = None) -> None:
@@ -80,7 +93,7 @@ def create(fs: Any, remote: str, record: dict[str, Any]) -> Any | None:
         if is_s3(fs):
             fs.pipe_file(remote, data, mode="create")
         else:
-            fs.makedirs(fs._parent(remote), exist_ok=True)
+            _parents(fs, remote)
             with fs.open(remote, "xb") as handle:  # O_EXCL on a local or mounted file system
                 handle.write(data)
     except FileExistsError:

@@ -13,6 +13,7 @@ import os
 import threading
 from pathlib import Path
 
+from project.storage import objects
 from project.storage.location import Store
 
 # (store path) -> (size, mtime_ns) of what this process uploaded last.
@@ -37,9 +38,9 @@ def sync(store: Store, run_dir: Path) -> list[str]:
             if _UPLOADED.get(remote) == (stat.st_size, stat.st_mtime_ns):
                 continue
             if relative.as_posix() == "config.yaml":
-                store.fs.pipe_file(remote, _with_url(store, path.read_bytes()))
+                objects.write(store.fs, remote, _with_url(store, path.read_bytes()))
             else:
-                store.fs.put_file(str(path), remote)
+                objects.put(store.fs, path, remote)
             _UPLOADED[remote] = (stat.st_size, stat.st_mtime_ns)
             sent.append(remote)
     return sent

@@ -1,0 +1,173 @@
+"""A run directory in object storage, end to end: nodes that share no disk, kills, empty disks, one training per run.
+
+A real S3-compatible server (moto's, on 127.0.0.1) stands for S3/MinIO; each "node" runs in a folder of its own
+that the other never sees, so the store is the only thing they share. Runs are killed with SIGKILL (mid-run, or in
+the middle of an upload), their folders wiped, and the same command with ``--resume auto`` must continue from the
+store to the uninterrupted run's weights.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from storage_server import FAKE_KEY_ID, FAKE_SECRET, s3_server
+
+from helpers import CPU_DDP, FAST, cli_env, every_10_steps, free_port, run_cli
+
+TORCHRUN = ("-m", "torch.distributed.run")
+STEPS = every_10_steps()
+SHORT = ["--config", FAST, "--trainer.max_epochs", "3", "--trainer.limit_val_batches", "2", "--test_after_fit", "false"]
+ONE = ["fit", "--config", STEPS, *SHORT, "--trainer.max_steps", "40"]
+# Two "nodes" of one process each: 9 steps per epoch, last.ckpt every 10 steps and at each epoch end.
+TWO = ["fit", "--config", STEPS, *SHORT, "--config", CPU_DDP, "--trainer.max_steps", "25"]
+ONE_EACH = ["--parallel.devices", "1"]
+
+
+def callback(class_path: str, **init_args) -> str:
+    return "--trainer.callbacks+=" + json.dumps({"class_path": class_path, "init_args": init_args})
+
+
+def at(url: str) -> list[str]:
+    return ["--trainer.logger.init_args.save_dir", url]
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with s3_server() as server:
+        yield server
+
+
+def store_checkpoint(s3, run: str, name: str = "last.ckpt") -> dict:
+    """The committed checkpoint ``name`` of a run in the store, read the way a reader does: its commit first."""
+    fs = s3.fs()
+    record = json.loads(fs.cat_file(f"{run}/checkpoints/{name}.commit"))
+    return torch.load(io.BytesIO(fs.cat_file(f"{run}/checkpoints/{record['data']}")), weights_only=True)
+
+
+def assert_close_weights(got: dict, want: dict, atol: float) -> None:
+    assert got["global_step"] == want["global_step"]
+    for key, value in want["state_dict"].items():
+        torch.testing.assert_close(got["state_dict"][key], value, atol=atol, rtol=0.0, msg=key)
+
+
+def two_nodes(args: list[str], folders: list[Path], env: dict[str, str]) -> list[subprocess.CompletedProcess[str]]:
+    """``torchrun --nnodes 2`` (one process each), each agent in its own folder; both waited for."""
+    rendezvous = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--max-restarts", "0"]
+    rendezvous += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", f"store-{time.time_ns()}"]
+    agents = [
+        subprocess.Popen(
+            [sys.executable, *TORCHRUN, *rendezvous, "-m", "project", *args],
+            cwd=folder,
+            env=cli_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for folder in folders
+    ]
+    outputs = [agent.communicate(timeout=300) for agent in agents]
+    return [subprocess.CompletedProcess(a.args, a.returncode, out, err) for a, (out, err) in zip(agents, outputs)]
+
+
+def wipe(*folders: Path) -> None:
+    """A new allocation: nothing of the previous one on any node's disk."""
+    for folder in folders:
+        shutil.rmtree(folder)
+        folder.mkdir()
+
+
+def assert_no_credentials(s3, *folders: Path) -> None:
+    fs = s3.fs()
+    blobs = {path: fs.cat_file(path) for path in fs.find("runs")}
+    blobs |= {str(p): p.read_bytes() for folder in folders for p in folder.rglob("*") if p.is_file()}
+    assert blobs
+    for path, data in blobs.items():
+        assert FAKE_SECRET.encode() not in data and FAKE_KEY_ID.encode() not in data, path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_two(tmp_path_factory) -> dict:
+    """The same training on one machine's disk, 2 processes: what the resumed 2-node run must end at."""
+    cwd = tmp_path_factory.mktemp("uninterrupted_two")
+    result = run_cli(TWO, cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(cwd / "logs/digits/version_0/checkpoints/last.ckpt", weights_only=True)
+
+
+def test_two_nodes_without_a_shared_disk_killed_wiped_and_resumed_from_the_store(s3, tmp_path, uninterrupted_two):
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for node in nodes:
+        node.mkdir()
+    args = [*TWO, *ONE_EACH, *at("s3://runs/ddp")]
+    killed = two_nodes([*args, callback("faults.KillAtStep", step=15, rank=0)], nodes, s3.env)
+    assert killed[0].returncode != 0 and killed[1].returncode != 0
+    run = "runs/ddp/digits/version_0"
+    assert store_checkpoint(s3, run)["global_step"] == 10  # the last commit before the kill
+    wipe(*nodes)
+    resumed = two_nodes([*args, "--resume", "auto"], nodes, s3.env)
+    for result in resumed:
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert "Resuming from" in resumed[0].stderr and "step 10" in resumed[0].stderr
+    assert_close_weights(store_checkpoint(s3, run), uninterrupted_two, atol=1e-6)
+    names = {path.rsplit("/", 1)[1] for path in s3.fs().find(run)}
+    assert {"config.yaml", "plan.json", "hparams.yaml"} <= names
+    assert any(name.startswith("events.out.tfevents.") for name in names)
+    assert not (nodes[1] / ".scratch/s3/runs/ddp/digits/version_0/config.yaml").exists()  # rank 0's node only
+    config = s3.fs().cat_file(f"{run}/config.yaml").decode()
+    assert "save_dir: s3://runs/ddp" in config
+    assert_no_credentials(s3, *nodes)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_one(tmp_path_factory) -> dict:
+    cwd = tmp_path_factory.mktemp("uninterrupted_one")
+    result = run_cli(ONE, cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(cwd / "logs/digits/version_0/checkpoints/last.ckpt", weights_only=True)
+
+
+def test_a_kill_in_the_middle_of_an_upload_leaves_the_previous_commit_chosen(s3, tmp_path, uninterrupted_one):
+    args = [*ONE, *at("s3://runs/upload")]
+    killed = run_cli([*args, callback("storage_faults.KillDuringUpload", step=30)], tmp_path, env=s3.env)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    run, fs = "runs/upload/digits/version_0", s3.fs()
+    data = fs.ls(f"{run}/checkpoints/.data", detail=False)
+    # Step 30's data is up, its commit is not: last.ckpt is step 20's (mid-epoch: Lightning resumes exactly from
+    # there, not from an epoch's last step with max_steps set; docs/checkpoints.md), beside the best of step 19.
+    assert store_checkpoint(s3, run)["global_step"] == 20
+    assert len(data) == 3
+    wipe(tmp_path)
+    resumed = run_cli([*args, "--resume", "auto"], tmp_path, env=s3.env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming from" in resumed.stderr and "step 20" in resumed.stderr
+    assert_close_weights(store_checkpoint(s3, run), uninterrupted_one, atol=1e-6)
+    assert not set(data) & set(fs.ls(f"{run}/checkpoints/.data", detail=False))  # leftovers cleaned, by the holder
+
+
+def test_a_second_training_of_the_run_is_refused_while_its_lease_is_held(s3, tmp_path):
+    args = ["fit", "--config", STEPS, *SHORT, *at("s3://runs/lease")]
+    first = run_cli([*args, "--trainer.max_steps", "10"], tmp_path, env=s3.env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run, fs = "runs/lease/digits/version_0", s3.fs()
+    lease = {"host": "node-7", "pid": 4242, "since": "earlier", "token": "x", "expires": time.time() + 8}
+    fs.pipe_file(f"{run}/.training.lease", json.dumps(lease).encode())
+    before = {path: fs.info(path)["ETag"] for path in fs.find("runs/lease")}
+    again = [*args, "--trainer.max_steps", "15", "--resume", "auto"]
+    refused = run_cli(again, tmp_path, env=s3.env)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert "s3://runs/lease/digits/version_0 is training already (pid 4242 on host node-7" in line
+    assert {path: fs.info(path)["ETag"] for path in fs.find("runs/lease")} == before  # nothing written
+    time.sleep(max(0.0, lease["expires"] - time.time()) + 0.5)
+    allowed = run_cli(again, tmp_path, env=s3.env)
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert store_checkpoint(s3, run)["global_step"] == 15
+    assert not fs.exists(f"{run}/.training.lease")  # given back at the end
