@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
+from jsonargparse import ActionYesNo
 from lightning.pytorch.cli import LightningArgumentParser
 
 from project.check.callback import WARMUP_STEPS, SelfCheckCallback, drill
+from project.check.hang_drill import HangDrill
 from project.errors import UserError
+from project.parallel.hang import HangRecorder
 
 #: The check's own options: never part of a training config.
-OPTIONS = ("out", "join_timeout_s", "steps")
+OPTIONS = ("out", "join_timeout_s", "steps", "hang_drill")
 
 
 def add_check_arguments(parser: LightningArgumentParser) -> None:
-    """``--out``, ``--join_timeout_s`` and ``--steps``."""
+    """``--out``, ``--join_timeout_s``, ``--steps`` and ``--hang_drill``."""
     parser.add_argument("--out", type=str, default="check.json", help="Where to write the report (rank 0).")
     parser.add_argument(
         "--join_timeout_s",
@@ -25,6 +29,14 @@ def add_check_arguments(parser: LightningArgumentParser) -> None:
         "(the check's process-group timeout).",
     )
     parser.add_argument("--steps", type=int, default=20, help="Timed training steps on the configured model and data.")
+    parser.add_argument(
+        "--hang_drill",
+        "--hang-drill",
+        action=ActionYesNo,
+        default=False,
+        help="Stall the last rank on purpose to show the hang report (hang/ beside --out) and the line a real "
+        "stall ends with, after --join_timeout_s.",
+    )
 
 
 def check_trainer_kwargs(config: Any, own: list[Any]) -> dict[str, Any]:
@@ -37,8 +49,12 @@ def check_trainer_kwargs(config: Any, own: list[Any]) -> dict[str, Any]:
         raise UserError(f"--steps={config.steps} must be >= 1 and --join_timeout_s={config.join_timeout_s} > 0")
     if drill("exit"):
         os._exit(3)  # the fire drill: this rank never joins
+    # A stall in the check itself is reported like one in fit: hang/ beside the report.
+    folder = Path(config.out).parent
+    drills = [HangDrill(WARMUP_STEPS + 1, folder, config.join_timeout_s)] if config.hang_drill else []
+    callbacks = [*own, SelfCheckCallback(config.out, config.join_timeout_s, config.steps), HangRecorder(folder)]
     return {
-        "callbacks": [*own, SelfCheckCallback(config.out, config.join_timeout_s, config.steps)],
+        "callbacks": [*callbacks, *drills],
         "logger": False,
         "enable_checkpointing": False,
         "enable_progress_bar": False,

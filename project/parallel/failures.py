@@ -31,7 +31,7 @@ from project.errors import Preempted, RankFailure, RunFailure, UserError, first_
 from project.launch.ranks import ForkedRank, how_it_ended
 from project.launch.stop_signals import peer_stopped
 from project.lightning_private import launched_processes
-from project.parallel.hang import stalled_ranks
+from project.parallel.hang import known_stall, stalled_ranks
 from project.parallel.strategies import built_from_plan
 
 if TYPE_CHECKING:
@@ -178,6 +178,8 @@ def explain_rank_failure(
         names = ", ".join(f"rank {first + local} (pid {p.pid}) {how_it_ended(p.returncode)}" for local, p in failed)
         if all(p.returncode == Preempted.exit_code for _, p in failed):  # stopped by a signal, not killed
             return Preempted(peer_stopped(", ".join(f"rank {first + local} (pid {p.pid})" for local, p in failed)))
+        if lost and (stalled := known_stall()) is not None:  # that rank ended at its timeout, after a stall
+            return RankFailure(f"{stalled}; {names} at its timeout and rank {rank} stopped the others, {resume}")
         return RankFailure(
             f"{names}; rank {rank} stopped the other ranks of this run. Read that rank's output above "
             f"(a SIGKILL nobody sent is often the out-of-memory killer: see `dmesg`), {resume}"
@@ -186,6 +188,8 @@ def explain_rank_failure(
         return None
     peer = f"rank {1 - rank}" if world_size == 2 else "another rank (the launcher's report names it)"
     detail = _gist(error)
+    if lost and (stalled := known_stall()) is not None:  # the peer ended at its timeout, after a stall
+        return RankFailure(f"{stalled}; {peer} ended at its timeout ({detail}), {resume}")
     if timed_out and not lost:
         limit = f"{timeout_name}={timeout_s:g} s" if timeout_s is not None else "the process group's timeout"
         # Every rank's record (stacks, last collectives, phase), compared: the line names who is where.

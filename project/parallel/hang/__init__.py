@@ -7,8 +7,9 @@ pure), ``watch`` (each rank's watcher over the rendezvous store), ``callback`` (
 from __future__ import annotations
 
 from project.parallel.hang.callback import HangRecorder, current_watch
+from project.parallel.hang.watch import HangWatch
 
-__all__ = ["HangRecorder", "current_watch", "stalled_ranks"]
+__all__ = ["HangRecorder", "current_watch", "known_stall", "stalled_ranks"]
 
 
 def stalled_ranks(why: str) -> str | None:
@@ -17,7 +18,16 @@ def stalled_ranks(why: str) -> str | None:
     The line names the rank(s) elsewhere and where, and the folder that holds every rank's stacks.
     """
     watch = current_watch()
-    line = watch.explain(why) if watch is not None else None
-    if line is None:
+    return _with_folder(watch, watch.explain(why) if watch is not None else None)
+
+
+def known_stall() -> str | None:
+    """The verdict's line when this run's ranks already recorded a stall (a lost peer ended at its timeout)."""
+    watch = current_watch()
+    return _with_folder(watch, watch.summary() if watch is not None else None)
+
+
+def _with_folder(watch: HangWatch | None, line: str | None) -> str | None:
+    if watch is None or line is None:
         return None
     return f"{line}. Every rank's stacks and last collectives: {watch.folder / 'hang'}"

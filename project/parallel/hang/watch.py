@@ -45,6 +45,7 @@ class HangWatch:
         self._skip = skip
         self._workers = WorkerStacks()
         self._client = store_client(REQUEST_S)
+        self._main_client: Any = None
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="project-hang-watch", daemon=True)
         self._thread.start()
@@ -58,7 +59,7 @@ class HangWatch:
     def explain(self, why: str) -> str | None:
         """At a timeout, on the training thread: ask every rank for its record and return the summary's line."""
         with contextlib.suppress(Exception):  # the store may be gone with rank 0: then there is no report
-            client = store_client(REQUEST_S)
+            client = self._client_now()
             client.compare_set(f"{self.base}/dump", "", why)
             deadline = time.monotonic() + SUMMARY_WAIT_S
             while time.monotonic() < deadline:
@@ -68,6 +69,19 @@ class HangWatch:
                 time.sleep(0.2)
             return self._summarise(client, GATHER_S / 5)  # rank 0 gave no summary: this rank writes it
         return self.line
+
+    def summary(self) -> str | None:
+        """The verdict's line if the ranks' records were compared already (one store request); else ``None``."""
+        with contextlib.suppress(Exception):  # the store may be gone with rank 0
+            if self.line is None and self._client_now().check([f"{self.base}/summary"]):
+                self.line = self._client_now().get(f"{self.base}/summary").decode()
+        return self.line
+
+    def _client_now(self) -> Any:
+        """A store client for the calling (training) thread: the watcher's own is its thread's alone."""
+        if self._main_client is None:
+            self._main_client = store_client(REQUEST_S)
+        return self._main_client
 
     def _watch(self) -> None:
         while not self._closing.wait(POLL_S):

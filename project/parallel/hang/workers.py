@@ -4,6 +4,10 @@ A worker forked from the rank inherits the rank's faulthandler registration (the
 it writes to), so sending it :data:`STACKS_SIGNAL` makes it write its Python stack into the rank's unlinked
 temporary file, with no code in the worker. A process that does not catch the signal (a worker of the ``spawn``
 start method, anything else) is never sent it: its default action would end it.
+
+The same registration makes each process forked from the rank end with it (``prctl(PR_SET_PDEATHSIG)``): a worker
+stuck in a dataset's ``__getitem__`` never looks whether its rank is alive, and would outlive a rank that was
+stopped, unsupervised, for as long as it is stuck.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from project.launch.orphans import die_with_parent
 from project.parallel.hang.records import locate, own_frames
 
 #: A real-time signal nobody else sends (SIGUSR1/2 are schedulers' and users').
 STACKS_SIGNAL = signal.SIGRTMIN + 6
 #: Seconds a worker gets to write its stack.
 WRITE_WAIT_S = 0.5
+_FORKS_DIE_WITH_RANK = False
 _FRAME = re.compile(r'File "(.*)", line (\d+) in (\S+)')
 
 
@@ -34,6 +40,10 @@ class WorkerStacks:
         # Unlinked: nothing is left behind, whatever happens; open while the rank lives (its workers write to it).
         self._file = tempfile.TemporaryFile()  # noqa: SIM115
         faulthandler.register(STACKS_SIGNAL, file=self._file, all_threads=True, chain=False)
+        global _FORKS_DIE_WITH_RANK
+        if not _FORKS_DIE_WITH_RANK:  # once per process: a hook cannot be unregistered
+            os.register_at_fork(after_in_child=lambda: die_with_parent(os.getppid()))
+            _FORKS_DIE_WITH_RANK = True
 
     def take(self, skip: set[int]) -> list[dict[str, Any]]:
         """The stack of each child of this process that catches the signal (``skip``: ranks it started)."""
