@@ -211,3 +211,36 @@ class SignalAgainAtExit(L.Callback):
         atomic_write_text(Path(self.record, "again.json"), json.dumps({"pid": os.getpid()}))
         os.kill(os.getpid(), signal.Signals[self.signal_name])
         time.sleep(0.5)  # the handler runs here, or the default action ends the process by the signal
+
+
+class KillInShardWrite(L.Callback):
+    """Rank ``rank`` SIGKILLs itself while it writes its shards of the first sharded save at or after ``step``.
+
+    The write runs on the background writer thread (FSDP's ``dcp.async_save``): the other ranks learn of the death in
+    that write's collective, not in the training loop's.
+    """
+
+    def __init__(self, step: int, rank: int = 1) -> None:
+        self.step, self.rank = step, rank
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Wrap the shard writer (looked up at call time) on the chosen rank."""
+        from project.checkpoints import sharded_save
+
+        if trainer.global_rank != self.rank:
+            return
+        make = sharded_save.shard_writer
+
+        def writer(partial):
+            made = make(partial)
+            if trainer.global_step >= self.step:
+                write = made.write_data
+
+                def dying(*args, **kwargs):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                    return write(*args, **kwargs)
+
+                made.write_data = dying
+            return made
+
+        sharded_save.shard_writer = writer

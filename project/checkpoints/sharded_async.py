@@ -42,6 +42,9 @@ from project.checkpoints.background import CheckpointWriteError, first_failure
 from project.checkpoints.sharded import LIGHTNING_META
 from project.errors import Preempted, first_line
 
+#: Words of gloo's and nccl's errors when a peer went away during the write's collectives (a rank died).
+_LOST_RANK = ("connection reset", "connection closed", "broken pipe", "socket closed")
+
 
 class ShardedWriteError(CheckpointWriteError):
     """A sharded checkpoint could not be written in the background; every rank raises it, rank 0 says it."""
@@ -140,6 +143,11 @@ class AsyncShardedWriter:
         failed = first_failure(in_flight)
         if failed is not None:
             what, error = failed
+            if any(words in str(error).lower() for words in _LOST_RANK):  # the disk is fine: a rank went away
+                raise ShardedWriteError(
+                    f"could not {what}: another rank went away during the write ({describe(error)}); the checkpoint "
+                    "it was to replace is intact"
+                ) from error
             raise ShardedWriteError(
                 f"could not {what} ({describe(error)}); the checkpoint it was to replace is intact. Free disk space "
                 "or fix the folder's permissions, then resume with `fit --resume auto`"
@@ -154,7 +162,8 @@ class AsyncShardedWriter:
             # A stop's message would say its checkpoint holds the step: it does not, so this error replaces it.
             if ending is None or isinstance(ending, Preempted):
                 raise
-            if self._rank_zero:  # keep the run's own error (what ended it), say this one
+            if self._rank_zero and "went away" not in str(error):  # a lost rank: the run's own error names it
+                # keep the run's own error (what ended it), say this one
                 sys.stderr.write(f"warning: {error}\n")
         finally:
             if self._executor is not None:

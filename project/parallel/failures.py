@@ -161,6 +161,7 @@ def explain_rank_failure(
     parameter that got no gradient is an :class:`UnusedParametersError` (a user mistake, exit code 2).
     """
     world_size = getattr(trainer, "world_size", 1) if trainer is not None else 1
+    error = _lost_rank_under(error)  # a checkpoint write that failed because a rank died names the rank, not the disk
     if world_size <= 1 or isinstance(error, (RunFailure, UserError)) or not isinstance(error, RuntimeError):
         return None
     text = str(error).lower()
@@ -208,6 +209,22 @@ def explain_rank_failure(
         f"rank {rank} lost {peer} during a collective: that rank died or was killed ({detail}). "
         f"Read its output or the launcher's report for why, {resume}"
     )
+
+
+def _lost_rank_under(error: BaseException) -> BaseException:
+    """The lost peer under a failed background checkpoint write (a :class:`RunFailure` raised from it), else ``error``.
+
+    A rank that dies while the others write a sharded checkpoint fails their write's collective; the write's own
+    message would send the user to the disk, where nothing is wrong.
+    """
+    if not isinstance(error, RunFailure) or isinstance(error, (RankFailure, Preempted)):
+        return error
+    cause = error.__cause__
+    while cause is not None:
+        if any(s in str(cause).lower() for s in _LOST_PEER):
+            return cause if isinstance(cause, RuntimeError) else RuntimeError(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    return error
 
 
 def error_from_worker(error: BaseException) -> BaseException | None:

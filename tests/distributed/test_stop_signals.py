@@ -95,20 +95,24 @@ def step_of(path: Path) -> int:
 
 
 @pytest.mark.parametrize(
-    ("moment", "to", "extra"),
+    ("moment", "to", "extra", "resume"),
     [
-        ("sanity_check", {0: "SIGUSR2", 1: "SIGUSR2"}, []),
-        ("micro_batch", {1: "SIGTERM"}, ["--parallel.micro_batch", "auto"]),
+        ("sanity_check", {0: "SIGUSR2", 1: "SIGUSR2"}, [], True),
+        ("micro_batch", {1: "SIGTERM"}, ["--parallel.micro_batch", "auto"], False),  # the resume: shown once
     ],
     ids=["sigusr2-to-every-rank-in-the-sanity-check", "sigterm-to-rank-1-in-the-micro-batch-trial"],
 )
-def test_a_signal_before_the_first_step_ends_every_rank_with_75_and_resume_starts_it_again(tmp_path, moment, to, extra):
+def test_a_signal_before_the_first_step_ends_every_rank_with_75_and_resume_starts_it_again(
+    tmp_path, moment, to, extra, resume
+):
     stopped, pids = signal_while_waiting(tmp_path, [*TWO, *extra], moment, to)
     name = next(iter(to.values()))
     assert_stopped_once(stopped, "before the first training step", "nothing was trained")
     assert f"stopped by {name} to rank" in stopped.stderr or "stopped on a signal" in stopped.stderr
     assert_gone(pids.values())
     assert run_dirs(tmp_path) == [], stopped.stderr[-3000:]  # nothing left: the run starts again as version_0
+    if not resume:
+        return
     resumed = run_cli([*TWO, *extra, "--resume", "auto"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [p.name for p in run_dirs(tmp_path)] == ["version_0"]
@@ -140,7 +144,7 @@ def test_a_second_signal_while_the_stop_ends_the_processes_keeps_75_and_the_save
     init = {"step": 3, "rank": 0, "record": str(record), **first}
     again = callback("SignalAgainAtExit", signal_name=second, record=str(record), after_s=1.0)
     stopped = run_cli([*TWO, "--trainer.max_steps", "40", callback("SignalAtStep", **init), again], tmp_path)
-    assert_stopped_once(stopped, f"stopped by SIGTERM to rank {first.get('rank', 0)}")
+    assert_stopped_once(stopped, "stopped by SIGTERM to rank " + ("1" if "rank" in first else ""))  # "all": either
     ranks = {int(p.stem.removeprefix("rank")): json.loads(p.read_text()) for p in record.glob("rank*.json")}
     assert step_of(tmp_path / RUN / "checkpoints" / "last.ckpt") == ranks[0]["last_step"]
     assert (record / "again.json").is_file()  # the second signal was sent, 1 s after the first, at rank 0's exit
@@ -198,3 +202,13 @@ def test_sigusr1_then_sigterm_to_torchruns_agent_stop_the_workers_at_one_saved_s
     assert saved >= 3 and f"at step {saved}: " in text, text[-3000:]
     assert launcher.returncode == 1  # torchrun's own code after a signal (docs/launching.md): not 75
     assert_gone(workers)
+
+
+def test_a_rank_killed_during_the_fsdp_background_save_of_a_stop_is_named_not_the_disk(tmp_path):
+    fsdp = [a.replace("cpu_ddp.yaml", "cpu_fsdp.yaml") for a in TWO]
+    stop_and_kill = [callback("SignalAtStep", step=3), callback("KillInShardWrite", step=3, rank=1)]
+    result = run_cli([*fsdp, "--trainer.max_steps", "40", *stop_and_kill], tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if "error:" in line or "warning:" in line]
+    assert len(errors) == 1 and "rank 1 (pid" in errors[0] and "was killed by SIGKILL" in errors[0], errors
+    assert "disk" not in result.stderr and "Traceback" not in result.stderr
