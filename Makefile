@@ -77,11 +77,17 @@ ALONE := $(addprefix tests/distributed/,test_preemption.py test_resume.py test_r
 # Lint and the installs beside SLURM's (apt, about 20 s): two jobs at once.
 test:
 	$(MAKE) --no-print-directory -j2 lint $(TEST_STAMP) slurm
-	$(PYTEST) $(addprefix --ignore=,$(ALONE))
+	$(PYTEST) $(addprefix --ignore=,$(ALONE)) --ignore=tests/conformance
 	$(PY) -m pytest $(ALONE)
 
 test-fast: $(TEST_STAMP)
 	$(PYTEST) -m "unit or fast"
+
+# The conformance lane, after `make test` in CI: every documented Lightning feature x layout x check, as a user's
+# plain module (tests/conformance); it rewrites docs/conformance.md when every cell was judged.
+.PHONY: conformance
+conformance: $(TEST_STAMP)
+	$(PYTEST) tests/conformance
 
 # A real one-node SLURM for tests/distributed/test_slurm.py (skipped without it): Debian's packages (about 20 s),
 # installed only by root where apt-get exists; never fails the target.

@@ -1,0 +1,203 @@
+"""The conformance matrix: Lightning's documented features x the template's layouts x three checks.
+
+Each :class:`Feature` is a plain-Lightning user module / datamodule / callback (``shapes_models.py``,
+``shapes_data.py``) or a Trainer option, as users write them. Each runs on every layout of :data:`LAYOUTS`; each
+(feature, layout) cell is checked three ways (:data:`CHECKS`), unless the feature or the layout says why a check
+does not apply (:func:`not_applicable`). ``docs/conformance.md`` is generated from this table and the lane's results.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from helpers import CONFIGS, REPO
+
+BASE = str(REPO / "tests" / "conformance" / "base.yaml")
+MODELS, DATA = "conformance.shapes_models.", "conformance.shapes_data."
+
+# The layouts: the 1-process run is the reference of check (a); kill+resume (b) runs on the 2-process DDP layout.
+LAYOUTS: dict[str, tuple[str, ...]] = {
+    "1 process": (),
+    "ddp, 2 processes": ("--config", str(CONFIGS / "parallel" / "cpu_ddp.yaml")),
+    "fsdp, 2 processes": ("--config", str(CONFIGS / "parallel" / "cpu_fsdp.yaml")),
+    "zero1, 2 processes": ("--config", str(CONFIGS / "parallel" / "zero1.yaml")),
+}
+REFERENCE, RESUME_LAYOUT = "1 process", "ddp, 2 processes"
+CHECKS = {
+    "weights": "(a) 1 vs 2 processes, same global batch: the same final weights (last.ckpt, within 1e-5), and "
+    "last.ckpt holds the step training ended at",
+    "resume": "(b) SIGKILL of rank 1 mid-epoch, then `--resume auto`: the uninterrupted run's last.ckpt (within 1e-6)",
+    "eval_once": "(c) every evaluation (validation; test and predict where the feature runs them) sees each sample "
+    "exactly once over the ranks, the same evaluations as on 1 process, and a whole-set metric the 1-process value",
+}
+
+
+def callback(class_path: str, **init_args: object) -> str:
+    """``--trainer.callbacks+=`` for a callback given by class path."""
+    return "--trainer.callbacks+=" + json.dumps({"class_path": class_path, "init_args": init_args})
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One documented Lightning feature as a user plugs it in.
+
+    Args:
+        name: Its row in docs/conformance.md.
+        what: The Lightning feature, in a few words.
+        model / data: Class names in shapes_models.py / shapes_data.py.
+        options: Trainer / callback options after the layout.
+        kill_step: The global step rank 1 is killed before in check (b) (a checkpoint every 3 steps: mid-epoch).
+        keys: Checkpoint entries besides the weights that (a) and (b) compare (the user's own state).
+        skip: Check -> why it does not apply to this feature.
+        refusal_is_a_bug: Lightning documents it as working: a refusal fails the cell (issue 34's known breakages).
+        predict: ``predict --ckpt_path last`` after the fit, on the same layout; check (c) covers its predictions.
+    """
+
+    name: str
+    what: str
+    model: str = "PointsRegressor"
+    data: str = "PointsData"
+    options: tuple[str, ...] = ()
+    kill_step: int = 10
+    keys: tuple[str, ...] = ()
+    skip: dict[str, str] = field(default_factory=dict)
+    refusal_is_a_bug: bool = False
+    predict: bool = False
+
+    def args(self) -> list[str]:
+        """The feature's part of the command line (after the base config and the layout)."""
+        return ["--model", MODELS + self.model, "--data", DATA + self.data, *self.options]
+
+
+CLIP = "--trainer.gradient_clip_val"
+TIME_SKIP = "where a time limit stops depends on the machine's speed: not reproducible across runs"
+FEATURES: tuple[Feature, ...] = (
+    Feature("plain module", "a LightningModule and LightningDataModule with nothing else"),
+    Feature("configure_model", "the network built in `configure_model`", model="ConfigureModel"),
+    Feature(
+        "on_save/load_checkpoint",
+        "the module's own state in the checkpoint",
+        model="CheckpointHooks",
+        keys=("user_batches_trained",),
+    ),
+    Feature("manual optimization", "`automatic_optimization = False`, two optimizers", model="ManualTwoOptimizers"),
+    Feature("LR scheduler by step", "`StepLR` with `interval: step`", model="StepLRByStep"),
+    Feature("LR scheduler by epoch", "`StepLR` (interval epoch)", model="StepLRByEpoch"),
+    Feature("ReduceLROnPlateau", "`ReduceLROnPlateau` monitoring `val/loss`", model="Plateau"),
+    Feature("gradient clipping by norm", f"`{CLIP} 0.05`", options=(CLIP, "0.05")),
+    Feature(
+        "gradient clipping by value",
+        f"`{CLIP} 0.01 --trainer.gradient_clip_algorithm value`",
+        options=(CLIP, "0.01", "--trainer.gradient_clip_algorithm", "value"),
+    ),
+    Feature(
+        "accumulate_grad_batches",
+        "`--trainer.accumulate_grad_batches 2` (global batch 16 = 8 x 2 on 1 process)",
+        options=("--trainer.accumulate_grad_batches", "2"),
+    ),
+    Feature(
+        "EarlyStopping",
+        "`EarlyStopping(monitor=val/loss)` that stops after epoch 2 of 4",
+        options=(
+            "--trainer.max_epochs",
+            "4",
+            callback("lightning.pytorch.callbacks.EarlyStopping", monitor="val/loss", patience=0, min_delta=10.0),
+        ),
+    ),
+    Feature(
+        "BackboneFinetuning",
+        "`BackboneFinetuning(unfreeze_backbone_at_epoch=1)`",
+        model="Finetuned",
+        options=(callback("lightning.pytorch.callbacks.BackboneFinetuning", unfreeze_backbone_at_epoch=1),),
+    ),
+    Feature(
+        "StochasticWeightAveraging",
+        "`StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1)`",
+        options=(callback("lightning.pytorch.callbacks.StochasticWeightAveraging", swa_lrs=0.01, swa_epoch_start=1),),
+    ),
+    Feature(
+        "own ModelCheckpoint",
+        "`ModelCheckpoint(monitor=val/loss, save_top_k=2, save_last=True)` of the user's",
+        options=(
+            callback("lightning.pytorch.callbacks.ModelCheckpoint", monitor="val/loss", save_top_k=2, save_last=True),
+        ),
+    ),
+    Feature(
+        "several val/test/predict loaders",
+        "two validation, test and predict loaders (`dataloader_idx`), tested after fit, then `predict`",
+        data="SeveralEvalLoaders",
+        options=("--test_after_fit", "true"),
+        predict=True,
+    ),
+    Feature(
+        "monitor with dataloader_idx",
+        "`ModelCheckpoint(monitor=val/loss/dataloader_idx_0)` over two validation loaders",
+        data="SeveralEvalLoaders",
+        options=(callback("lightning.pytorch.callbacks.ModelCheckpoint", monitor="val/loss/dataloader_idx_0"),),
+        refusal_is_a_bug=True,
+    ),
+    Feature(
+        "CombinedLoader", "a `CombinedLoader` of two training loaders", model="CombinedBatches", data="CombinedTraining"
+    ),
+    Feature("IterableDataset", "an `IterableDataset` training loader", data="StreamedTraining"),
+    Feature("own sampler", "a training `DataLoader(sampler=...)` of the user's", data="OwnSampler"),
+    Feature("own batch_sampler", "a length-bucketing `batch_sampler` of the user's", data="OwnBatchSampler"),
+    Feature(
+        "datamodule state_dict",
+        "a datamodule with `state_dict`/`load_state_dict`",
+        data="StatefulData",
+        keys=("StatefulData",),
+    ),
+    Feature("torchmetrics", "a `MeanSquaredError` metric object logged with `sync_dist=True`", model="Metrics"),
+    Feature("self.all_gather", "the whole validation set's error from `self.all_gather`", model="Gathered"),
+    Feature(
+        "configure_callbacks",
+        "ModelCheckpoint, LearningRateMonitor, EarlyStopping from the module",
+        model="OwnCallbacks",
+    ),
+    Feature("training_step returns None", "the third batch of each epoch skipped", model="SkipsSteps"),
+    Feature(
+        "on_train_batch_start returns -1",
+        "the first epoch ended at its fifth batch",
+        model="EndsEpochEarly",
+        kill_step=8,
+    ),
+    Feature("trainer.should_stop", "the module stops training after step 11", model="StopsItself"),
+    Feature("max_steps", "`--trainer.max_steps 11` (not an epoch end)", options=("--trainer.max_steps", "11")),
+    Feature(
+        "max_time",
+        "`--trainer.max_time 00:00:00:02` before max_epochs 1000",
+        options=("--trainer.max_time", "00:00:00:02", "--trainer.max_epochs", "1000"),
+        skip={"weights": TIME_SKIP, "resume": TIME_SKIP},
+    ),
+    Feature(
+        "limit_train_batches",
+        "`--trainer.limit_train_batches 4`",
+        options=("--trainer.limit_train_batches", "4"),
+        kill_step=7,
+    ),
+)
+BY_NAME = {feature.name: feature for feature in FEATURES}
+
+
+def not_applicable(feature: Feature, layout: str, check: str) -> str | None:
+    """Why ``check`` does not apply to ``feature`` on ``layout``, or None when it does."""
+    if check in feature.skip:
+        return feature.skip[check]
+    if check == "weights" and layout == REFERENCE:
+        return "the reference the 2-process layouts are compared with"
+    if check == "resume" and layout != RESUME_LAYOUT:
+        return "kill + resume runs on the 2-process DDP layout (one per feature: the lane's time)"
+    return None
+
+
+def cells() -> list[tuple[str, str, str]]:
+    """Every (feature, layout, check) that the lane runs."""
+    return [
+        (feature.name, layout, check)
+        for feature in FEATURES
+        for layout in LAYOUTS
+        for check in CHECKS
+        if not_applicable(feature, layout, check) is None
+    ]
