@@ -15,9 +15,18 @@ if __name__ == "__main__":
 
         sweep(sys.argv[2:])
         raise SystemExit(0)
-    from project.cli import main
-    from project.launch.early import ranks_started_at_once
+    from project.launch import stop_signals
 
-    # N CPU processes on this machine: ranks 1..N-1 are forked here, after the imports, and start with rank 0.
-    with ranks_started_at_once(sys.argv[1:]):
-        main()
+    if sys.argv[1:2] == ["fit"]:  # a stop signal during the imports ends with 75 too (standard library only)
+        stop_signals.install_defaults()
+    try:
+        from project.cli import main
+        from project.launch.early import ranks_started_at_once
+
+        # N CPU processes on this machine: ranks 1..N-1 are forked here, after the imports, and start with rank 0.
+        with ranks_started_at_once(sys.argv[1:]):
+            main()
+    except stop_signals.StopSignal as stop:  # before main() took over: the imports, the forks
+        from project.errors import exit_with
+
+        exit_with(stop_signals.stopped_early(stop), code=stop_signals.Preempted.exit_code)

@@ -91,6 +91,7 @@ def execute(argv: list[str]) -> Run | None:
     refuse_unknown_weights(command, cli.model, cli.chosen, cli.config.get("ckpt_path"))
     refuse_mismatched_checkpoint(cli.chosen, cli.model, cli.trainer)
     if submits_to_ray(cli.plan):  # parallel.launcher: ray: Ray's workers run this same command; this process waits
+        stop_signals.install([], 0.0)  # the waiting driver ends on a signal as processes do; the workers stop
         run_on_ray(argv, command, cli.plan, run_in_worker)
         return None
     run_command(command, cli)
@@ -264,12 +265,6 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_reporting_user_errors(run)
     except StopSignal as stop:  # while the run was being built: nothing ran yet
-        exit_with(
-            Preempted(
-                f"stopped by {stop.name} before the first training step (the run was being built): nothing was "
-                f"trained, so there is nothing to save (exit code {Preempted.exit_code}: preempted, resumable)"
-            ),
-            code=Preempted.exit_code,
-        )
+        exit_with(stop_signals.stopped_early(stop), code=Preempted.exit_code)
     except KeyboardInterrupt:
         raise SystemExit(130) from None

@@ -83,6 +83,26 @@ def install(signals: Iterable[str], grace_s: float) -> None:
     reinstall()
 
 
+def install_defaults() -> None:
+    """Handle the default ``parallel.stop_signals`` from the first instant of a ``fit``, before its config is read.
+
+    Standard library only (it runs in ``project.__main__`` before torch is imported); the config's own list replaces
+    it once read (:class:`~project.callbacks.preemption.StopOnSignal`).
+    """
+    from project.plan.config import ParallelConfig
+
+    defaults = ParallelConfig()
+    install(defaults.stop_signals, defaults.stop_grace_s)
+
+
+def stopped_early(stop: StopSignal) -> Preempted:
+    """The one line for a stop before the run's Trainer exists (its imports, its config, its model)."""
+    return Preempted(
+        f"stopped by {stop.name} before the first training step (the run was starting): nothing was trained, so "
+        f"there is nothing to save (exit code {Preempted.exit_code}: preempted, resumable)"
+    )
+
+
 def reinstall() -> None:
     """Put the handler back on every stop signal (after a library replaced it); main thread only."""
     if threading.current_thread() is threading.main_thread():

@@ -212,3 +212,16 @@ def test_a_rank_killed_during_the_fsdp_background_save_of_a_stop_is_named_not_th
     errors = [line for line in result.stderr.splitlines() if "error:" in line or "warning:" in line]
     assert len(errors) == 1 and "rank 1 (pid" in errors[0] and "was killed by SIGKILL" in errors[0], errors
     assert "disk" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_signal_while_fit_starts_up_ends_it_with_75_and_one_line(tmp_path):
+    starting = subprocess.Popen(
+        [sys.executable, "-m", "project", *TWO], cwd=tmp_path, env=cli_env(), stderr=subprocess.PIPE, text=True
+    )
+    time.sleep(1.5)  # importing torch and Lightning, or building: long before the first step
+    starting.send_signal(signal.SIGTERM)
+    _, stderr = starting.communicate(timeout=60)
+    assert starting.returncode == 75, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "stopped by SIGTERM" in errors[0] and "before the first training step" in errors[0]
+    assert run_dirs(tmp_path) == []
