@@ -59,3 +59,14 @@ def test_a_kill_at_any_step_of_the_swap_by_renames_resumes_from_the_newest_compl
     assert len(done) == kill_before
     monkeypatch.undo()
     resume_and_check(tmp_path, 2 if kill_before > 0 else 1)
+
+
+def test_a_swap_the_previous_version_left_half_done_is_rolled_back_and_leaves_nothing_hidden(tmp_path):
+    """Its two renames: the old checkpoint under `.tmp.old`, the new one uncommitted under `.tmp`, the name empty."""
+    last = tmp_path / "logs" / "toy" / "version_0" / "checkpoints" / "last.ckpt"
+    write(last, step=1)
+    partial = sharded_save.partial_name(last, "legacy")
+    last.rename(partial.with_name(f"{partial.name}.old"))
+    write(last.with_name("new.ckpt"), step=2)
+    last.with_name("new.ckpt").rename(partial)
+    resume_and_check(tmp_path, 1)
