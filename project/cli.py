@@ -94,8 +94,10 @@ def execute(argv: list[str]) -> Run | None:
         stop_signals.install([], 0.0)  # the waiting driver ends on a signal as processes do; the workers stop
         run_on_ray(argv, command, cli.plan, run_in_worker)
         return None
-    run_command(command, cli)
-    stop_signals.set_phase("done")  # a signal from here on changes nothing: the command is done
+    try:
+        run_command(command, cli)
+    finally:
+        stop_signals.finish()  # a signal from here on changes nothing: the command is done
     say_where_the_run_went(cli.trainer)
     return Run(command, cli)
 
@@ -253,6 +255,7 @@ def leave_process_group() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m project``; ``argv`` defaults to the command line."""
+    stop_signals.own_process()  # the stop signals stay handled until this process exits
 
     def run() -> None:
         args = sys.argv[1:] if argv is None else list(argv)

@@ -59,6 +59,8 @@ class _State:
     first: str | None = None  # the first stop signal this process got
     raised_in: str | None = None  # the phase in which the handler raised StopSignal
     during_training: Callable[[int], None] | None = None
+    previous: dict[signal.Signals, Any] = field(default_factory=dict)  # the handlers found, given back by release()
+    owns_process: bool = False  # `python -m project`: the handlers stay until exit (else: given back at the end)
     grace: threading.Thread | None = None
     #: Says what the grace exit keeps (set by the training callback: the newest checkpoint).
     kept: Callable[[], str] = field(default=lambda: "the newest complete checkpoint is kept")
@@ -78,9 +80,29 @@ def install(signals: Iterable[str], grace_s: float) -> None:
         return
     wanted = tuple(signal.Signals[name] for name in signals)
     for signum in set(_STATE.signals) - set(wanted):
-        signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signum, _STATE.previous.pop(signum, signal.SIG_DFL))
+    for signum in set(wanted) - set(_STATE.signals):
+        _STATE.previous[signum] = signal.getsignal(signum)
     _STATE.signals, _STATE.grace_s = wanted, grace_s
     reinstall()
+
+
+def own_process() -> None:
+    """This process is ``python -m project``: once a command is done, the handlers stay until it exits."""
+    _STATE.owns_process = True
+
+
+def finish() -> None:
+    """The command is done (or failed): stop signals change nothing from now on.
+
+    Under ``python -m project`` they are ignored until the process exits; where the process goes on (a notebook that
+    calls :func:`project.cli.execute`) the handlers that were there before are given back, for a next command.
+    """
+    if _STATE.owns_process:
+        _STATE.phase = "done"
+        return
+    install([], _STATE.grace_s)
+    _STATE.phase, _STATE.first, _STATE.raised_in, _STATE.during_training = "before", None, None, None
 
 
 def install_defaults() -> None:

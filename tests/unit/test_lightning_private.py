@@ -131,3 +131,17 @@ def test_the_private_torch_and_callback_names_still_exist():
     assert lightning_private.compiled_call(net) is None
     assert lightning_private.EMPTY_LOAD_PLANNER.__name__ == "_EmptyStateDictLoadPlanner"
     assert callable(lightning_private.load_without_process_group)
+
+
+def test_the_trainer_registers_no_signal_handler_once_kept_away():
+    import signal
+
+    import lightning as L
+
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    before = signal.getsignal(signal.SIGTERM)
+    lightning_private.keep_own_signal_handlers(trainer)
+    trainer._signal_connector.register_signal_handlers()  # what Trainer._run calls before the sanity check
+    assert signal.getsignal(signal.SIGTERM) is before
+    trainer._signal_connector.teardown()
+    assert signal.getsignal(signal.SIGTERM) is before
