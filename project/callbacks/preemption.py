@@ -82,7 +82,8 @@ class StopOnSignal(L.Callback):
         """
         wanted = self._noted is not None or (self._channel is not None and self._channel.agreed is not None)
         if trainer.world_size > 1:
-            wanted = bool(trainer.strategy.reduce(torch.tensor(float(wanted)), reduce_op="max").item())
+            flag = torch.tensor(float(wanted), device=trainer.strategy.root_device)  # NCCL reduces GPU tensors only
+            wanted = bool(trainer.strategy.reduce(flag, reduce_op="max").item())
         self._close()
         if wanted:
             why = self._noted[1] if self._noted is not None else self._agreed_why()
