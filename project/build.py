@@ -27,6 +27,7 @@ from project.callbacks import (
     template_callbacks,
 )
 from project.callbacks.dispatch import skip_idle_batch_hooks
+from project.callbacks.elastic import ElasticCallback
 from project.callbacks.float64 import Float64BeforeRestore
 from project.callbacks.model_checks import refuse_manual_accumulation
 from project.check.command import add_check_arguments, check_trainer_kwargs
@@ -34,6 +35,7 @@ from project.checkpoints.background import with_atomic_checkpoint_io
 from project.checkpoints.resume import Chosen, choose_checkpoint
 from project.config_errors import ProjectArgumentParser, root_cause
 from project.errors import UserError
+from project.launch.elastic import ElasticJob, detect_elastic, end_job, keep_checkpoint_batch
 from project.launch.ranks import confirm_started_ranks
 from project.parallel.compile import CompileAfterWrap
 from project.parallel.strategies import trainer_kwargs
@@ -81,6 +83,7 @@ class ProjectCLI(LightningCLI):
         self.plan_inputs: tuple[ParallelConfig, Hardware] | None = None
         self.chosen: Chosen | None = None
         self.loaders: LoaderGuaranteesCallback | None = None
+        self.elastic: ElasticJob | None = None  # fit in an elastic torchrun job (--nnodes MIN:MAX)
         super().__init__(
             model_class=L.LightningModule,
             datamodule_class=L.LightningDataModule,
@@ -156,6 +159,9 @@ class ProjectCLI(LightningCLI):
             return
         refuse_trainer_overlap(parallel, config.trainer, self.parser.get_defaults().trainer)
         settings = ParallelConfig(**parallel.as_dict()) if parallel is not None else ParallelConfig()
+        if self.command == "fit":  # a restart at another size keeps the checkpoint's global batch
+            self.elastic = detect_elastic(environment)
+            settings = keep_checkpoint_batch(settings, self._resuming(), self.elastic)
         if self.command == "check":  # a rank that does not answer is named after the check's short timeout
             settings = replace(settings, timeout_s=min(settings.timeout_s, config.join_timeout_s))
         assumed = config.get("assume_gpus")
@@ -164,7 +170,12 @@ class ProjectCLI(LightningCLI):
         hardware = Hardware(torch.cuda.device_count()) if assumed is None else Hardware(assumed, assumed=True)
         self.plan_inputs = (settings, hardware)
         if self.command != "plan":  # `plan` resolves with the data batch size, and says why a launch would fail
-            self.plan = resolve_plan(settings, hardware, environment, None, self.configured_lr())
+            try:
+                self.plan = resolve_plan(settings, hardware, environment, None, self.configured_lr())
+            except UserError as error:  # an elastic job at a size its layout cannot hold: torchrun would retry
+                if self.elastic is None:
+                    raise
+                end_job(f"{error} (elastic job {self.elastic.describe()}, now {environment.world_size} processes)")
             if self.plan.accelerator == "cpu":
                 processes = self.plan.devices if isinstance(self.plan.devices, int) else 1
                 apply_cpu_threads(processes, settings.cpu_threads, rank_zero_only.rank)
@@ -240,6 +251,7 @@ class ProjectCLI(LightningCLI):
         section = settings or ParallelConfig()
         stop = StopOnSignal(section.stop_signals, section.stop_grace_s) if self.command == "fit" else None
         own = template_callbacks(self.loaders, chosen, bar, learning_rate, self._stragglers(), writer, stop)
+        own += [ElasticCallback(self.elastic)] if self.elastic is not None else []  # last: it may end the rank
         # What the model itself must become: torch.compile once the strategy has wrapped it; float64 before a restore
         shaping = [CompileAfterWrap()] if self.plan is not None and self.plan.compile else []
         if self.plan is not None and self.plan.precision == "64":

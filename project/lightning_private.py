@@ -39,6 +39,8 @@ Importing this module imports nothing from Lightning (``project.export`` uses it
 9. What the sanity check logged per validation loader: ``trainer._results`` (each ``self.log`` call's name and
    loader index). With several loaders ``callback_metrics`` holds none of them until the first real validation,
    so a monitor on ``val/mse/dataloader_idx_0`` could not be proven before training (:func:`logged_per_loader`).
+10. The checkpoint dump without its write: ``trainer._checkpoint_connector.dump_checkpoint``. A survivor of a lost
+   peer in an elastic job saves alone, with no collective (:func:`dump_checkpoint`).
 """
 
 from __future__ import annotations
@@ -186,3 +188,13 @@ def process_group_timeout_s(strategy: Any) -> float | None:
     """The process-group timeout a Lightning DDP/model-parallel strategy was built with (``_timeout``), in seconds."""
     timeout = getattr(strategy, "_timeout", None)
     return timeout.total_seconds() if timeout is not None else None
+
+
+def dump_checkpoint(trainer: Any) -> dict[str, Any]:
+    """The full training checkpoint of this moment, built by the Trainer's checkpoint connector (nothing written).
+
+    ``trainer.save_checkpoint`` builds it the same way and then writes on rank 0 and meets the others in a barrier;
+    a survivor of a lost peer (:mod:`project.parallel.peer_loss`) writes it alone, so it needs the dump without
+    the write (``_checkpoint_connector.dump_checkpoint``: no public accessor).
+    """
+    return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)

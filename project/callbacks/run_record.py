@@ -7,6 +7,7 @@ from typing import Any
 
 import lightning as L
 
+from project.callbacks.elastic import ElasticCallback
 from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.checkpoints.atomic import atomic_write_text
 from project.runs import run_directory
@@ -66,4 +67,7 @@ class RunRecordCallback(L.Callback):
         if plan is None:
             record["world_size"] = trainer.world_size
         record["guarantees"] = dict(self.loaders.guarantees) if self.loaders is not None else {}
+        elastic = next((c for c in trainer.callbacks if isinstance(c, ElasticCallback)), None)
+        if elastic is not None:  # torchrun --nnodes MIN:MAX: the range, what a loss costs, where changes go
+            record["elastic"] = elastic.record(trainer)
         atomic_write_text(f"{log_dir}/plan.json", json.dumps(record, indent=2, default=str) + "\n")
