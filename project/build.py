@@ -55,7 +55,7 @@ from project.run_config import (
     wants_template_progress_bar,
 )
 from project.runs import run_of_config
-from project.storage.run import use_store
+from project.storage.run import refuse_sharded, use_store
 from project.tracking.attach import attach_tracking
 from project.tracking.config import TrackingConfig
 
@@ -172,6 +172,7 @@ class ProjectCLI(LightningCLI):
         if self.command != "plan":  # `plan` resolves with the data batch size, and says why a launch would fail
             try:
                 self.plan = resolve_plan(settings, hardware, environment, None, self.configured_lr())
+                refuse_sharded(self.plan)  # save_dir a URL: the sharded (fsdp) writer does not commit to a store
             except UserError as error:  # an elastic job at a size its layout cannot hold: torchrun would retry
                 if self.elastic is None:
                     raise
