@@ -113,8 +113,9 @@ def swap_by_renames(committed_name: Path) -> None:
 
 
 def _hidden(folder: Path, suffix: str, target: Path | None = None) -> list[Path]:
-    """The hidden ``.<name>.<token><suffix>`` paths in ``folder`` (of the name ``target`` only), oldest first."""
-    found = [p for p in folder.glob(f".*{suffix}") if target is None or swap_names(p)[2] == target]
+    """The hidden ``.<name>.<token><suffix>`` paths of checkpoints (``*.ckpt``; of ``target`` only), oldest first."""
+    names = [(p, swap_names(p)[2]) for p in folder.glob(f".*{suffix}")]
+    found = [p for p, name in names if name == target or (target is None and name.suffix == ".ckpt")]
     return sorted(found, key=lambda p: p.lstat().st_mtime_ns)
 
 
