@@ -72,7 +72,7 @@ format: $(STAMP)
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 ALONE := $(addprefix tests/distributed/,test_preemption.py test_resume.py test_rank_failure.py test_stragglers.py \
-  test_timed_checkpoint.py test_slurm.py test_orphans.py test_stop_signals.py)
+  test_timed_checkpoint.py test_slurm.py test_orphans.py test_stop_signals.py test_elastic.py)
 
 # Lint and the installs beside SLURM's (apt, about 20 s): two jobs at once.
 test:
