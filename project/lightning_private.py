@@ -41,6 +41,10 @@ Importing this module imports nothing from Lightning (``project.export`` uses it
    so a monitor on ``val/mse/dataloader_idx_0`` could not be proven before training (:func:`logged_per_loader`).
 10. The checkpoint dump without its write: ``trainer._checkpoint_connector.dump_checkpoint``. A survivor of a lost
    peer in an elastic job saves alone, with no collective (:func:`dump_checkpoint`).
+11. torch's Flight Recorder, read in memory: ``torch._C._distributed_c10d._dump_fr_trace_json`` (the NCCL build's
+   ``_dump_nccl_trace_json``), every collective of this process in a ring; torch's public reader only parses the
+   files a crash handler dumps. The hang report reads it at a stall (:func:`flight_recorder_json`); and a Lightning
+   strategy's process-group timeout, ``_timeout`` (:func:`process_group_timeout_s`), its stall threshold's base.
 """
 
 from __future__ import annotations

@@ -49,8 +49,12 @@ class HangRecorder(L.Callback):
         token, folder = trainer.strategy.broadcast((uuid.uuid4().hex, str(folder or ".")), src=0)
         timeout_s = process_group_timeout_s(trainer.strategy) or DEFAULT_TIMEOUT_S
         strategy = trainer.strategy
-        skip = lambda: {p.pid for p in launched_processes(strategy)}  # noqa: E731 (the ranks it started)
-        _WATCH = HangWatch(token, trainer.global_rank, trainer.world_size, Path(folder), timeout_s * STALL_SHARE, skip)
+
+        def ranks_it_started() -> set[int]:  # children that are ranks, not DataLoader workers
+            return {process.pid for process in launched_processes(strategy)}
+
+        stall_s = timeout_s * STALL_SHARE
+        _WATCH = HangWatch(token, trainer.global_rank, trainer.world_size, Path(folder), stall_s, ranks_it_started)
         explain_failures_with(_launcher_note)
         atexit.register(_close)
         PHASE.name, PHASE.step = f"{stage} setup", trainer.global_step
@@ -73,7 +77,7 @@ class HangRecorder(L.Callback):
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
         """After validation's epoch-end hooks: its metrics are reduced, checkpoints are saved."""
-        PHASE.name = "after validation (its metrics, checkpoints, epoch end)"
+        PHASE.name = "validation end (metrics, checkpoints)"
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         """A checkpoint is being saved."""
