@@ -20,9 +20,10 @@ import pytest
 import torch
 from storage_server import FAKE_KEY_ID, FAKE_SECRET, s3_server
 
-from helpers import CPU_DDP, FAST, cli_env, every_10_steps, free_port, run_cli
+from helpers import CPU_DDP, FAST, REPO, cli_env, every_10_steps, free_port, run_cli
 
 TORCHRUN = ("-m", "torch.distributed.run")
+CPU_FSDP = str(REPO / "configs" / "parallel" / "cpu_fsdp.yaml")
 STEPS = every_10_steps()
 SHORT = ["--config", FAST, "--trainer.max_epochs", "3", "--trainer.limit_val_batches", "2", "--test_after_fit", "false"]
 ONE = ["fit", "--config", STEPS, *SHORT, "--trainer.max_steps", "40"]
@@ -94,12 +95,13 @@ def assert_no_credentials(s3, *folders: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_two(tmp_path_factory) -> dict:
-    """The same training on one machine's disk, 2 processes: what the resumed 2-node run must end at."""
-    cwd = tmp_path_factory.mktemp("uninterrupted_two")
-    result = run_cli(TWO, cwd)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return torch.load(cwd / "logs/digits/version_0/checkpoints/last.ckpt", weights_only=True)
+def uninterrupted_two(s3, tmp_path_factory) -> dict:
+    """The same 2-node command left alone (same launcher, same threads per process): what the resume must end at."""
+    nodes = [tmp_path_factory.mktemp("uninterrupted_node0"), tmp_path_factory.mktemp("uninterrupted_node1")]
+    results = two_nodes([*TWO, *ONE_EACH, *at("s3://runs/reference")], nodes, s3.env)
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return store_checkpoint(s3, "runs/reference/digits/version_0")
 
 
 def test_two_nodes_without_a_shared_disk_killed_wiped_and_resumed_from_the_store(s3, tmp_path, uninterrupted_two):
@@ -157,7 +159,7 @@ def test_a_second_training_of_the_run_is_refused_while_its_lease_is_held(s3, tmp
     first = run_cli([*args, "--trainer.max_steps", "10"], tmp_path, env=s3.env)
     assert first.returncode == 0, first.stderr[-3000:]
     run, fs = "runs/lease/digits/version_0", s3.fs()
-    lease = {"host": "node-7", "pid": 4242, "since": "earlier", "token": "x", "expires": time.time() + 8}
+    lease = {"host": "node-7", "pid": 4242, "since": "earlier", "token": "x", "expires": time.time() + 600}
     fs.pipe_file(f"{run}/.training.lease", json.dumps(lease).encode())
     before = {path: fs.info(path)["ETag"] for path in fs.find("runs/lease")}
     again = [*args, "--trainer.max_steps", "15", "--resume", "auto"]
@@ -166,8 +168,18 @@ def test_a_second_training_of_the_run_is_refused_while_its_lease_is_held(s3, tmp
     (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert "s3://runs/lease/digits/version_0 is training already (pid 4242 on host node-7" in line
     assert {path: fs.info(path)["ETag"] for path in fs.find("runs/lease")} == before  # nothing written
-    time.sleep(max(0.0, lease["expires"] - time.time()) + 0.5)
+    # Its holder stopped renewing it (a node lost): the lease expires, and the same command then trains.
+    fs.pipe_file(f"{run}/.training.lease", json.dumps({**lease, "expires": time.time() - 1}).encode())
     allowed = run_cli(again, tmp_path, env=s3.env)
     assert allowed.returncode == 0, allowed.stderr[-3000:]
     assert store_checkpoint(s3, run)["global_step"] == 15
     assert not fs.exists(f"{run}/.training.lease")  # given back at the end
+
+
+def test_sharded_checkpoints_in_a_store_are_refused_before_anything_is_built(s3, tmp_path):
+    args = ["fit", "--config", STEPS, *SHORT, "--config", CPU_FSDP, *at("s3://runs/fsdp")]
+    refused = run_cli(args, tmp_path, env=s3.env)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    (line,) = {line for line in refused.stderr.splitlines() if line.startswith("error:")}
+    assert "save_dir s3://runs/fsdp is object storage" in line and "sharded folders" in line
+    assert s3.fs().find("runs/fsdp") == []
