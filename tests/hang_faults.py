@@ -70,12 +70,13 @@ class BlockingSet(Dataset):
 
 
 class HangingDigits(DigitsDataModule):
-    """The digits, the training set loaded by one worker process per rank (which may block)."""
+    """The digits; under ``HANG_FAULT=worker`` the training set is loaded by one worker process per rank."""
 
     def train_dataloader(self) -> DataLoader:
-        """One worker; shuffled, as users write it."""
+        """Shuffled, as users write it; a worker only where it is the fault (each epoch's worker costs time)."""
         data = BlockingSet(self.train_set, self.trainer.global_rank)
-        return DataLoader(data, batch_size=self.batch_size, shuffle=True, num_workers=1)
+        workers = 1 if fault() == "worker" else 0
+        return DataLoader(data, batch_size=self.batch_size, shuffle=True, num_workers=workers)
 
 
 class StallInCallback(L.Callback):

@@ -106,6 +106,5 @@ def _close() -> None:
 def _launcher_note() -> str | None:
     """For rank 0's launcher: the verdict, once rank 0's watcher wrote the summary (it names the stuck rank)."""
     watch = _WATCH
-    if watch is None or watch.line is None:
-        return None
-    return f"{watch.line}. Every rank's stacks and last collectives: {watch.folder / 'hang'}"
+    line = watch.summary(ask=False) if watch is not None else None  # no store request from this thread
+    return f"{line}. Every rank's stacks and last collectives: {watch.folder / 'hang'}" if line is not None else None

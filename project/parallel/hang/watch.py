@@ -42,6 +42,7 @@ class HangWatch:
         self.base, self.rank, self.world = f"project/hang/{token}", rank, world
         self.folder, self.stall_s = folder, stall_s
         self.line: str | None = None  # the verdict, once this process knows it
+        self.line_at = 0.0  # when the ranks' records were compared (wall clock)
         self._skip = skip
         self._workers = WorkerStacks()
         self._client = store_client(REQUEST_S)
@@ -64,18 +65,29 @@ class HangWatch:
             deadline = time.monotonic() + SUMMARY_WAIT_S
             while time.monotonic() < deadline:
                 if client.check([f"{self.base}/summary"]):
-                    self.line = client.get(f"{self.base}/summary").decode()
-                    return self.line
+                    self._read_summary(client)
+                    return self.summary(ask=False)
                 time.sleep(0.2)
             return self._summarise(client, GATHER_S / 5)  # rank 0 gave no summary: this rank writes it
-        return self.line
+        return self.summary(ask=False)
 
-    def summary(self) -> str | None:
-        """The verdict's line if the ranks' records were compared already (one store request); else ``None``."""
+    def summary(self, ask: bool = True) -> str | None:
+        """The verdict's line if the ranks' records were compared for this stall (one store request); else ``None``.
+
+        A stall that ended (a slow save the others waited for) is not this failure's cause: a verdict older than the
+        timeout (twice the stall threshold) is not returned. Only the first stall of a run is recorded. ``ask``:
+        whether to ask the store (the training thread only), else only what this process knows.
+        """
         with contextlib.suppress(Exception):  # the store may be gone with rank 0
-            if self.line is None and self._client_now().check([f"{self.base}/summary"]):
-                self.line = self._client_now().get(f"{self.base}/summary").decode()
-        return self.line
+            if ask and self.line is None and self._client_now().check([f"{self.base}/summary"]):
+                self._read_summary(self._client_now())
+        return self.line if time.time() - self.line_at <= 2 * self.stall_s + GATHER_S + SUMMARY_WAIT_S else None
+
+    def _read_summary(self, client: Any) -> str:
+        """The summariser's line (stored as ``<wall time> <line>``), kept in this process."""
+        at, line = client.get(f"{self.base}/summary").decode().split(" ", 1)
+        self.line, self.line_at = line, float(at)
+        return line
 
     def _client_now(self) -> Any:
         """A store client for the calling (training) thread: the watcher's own is its thread's alone."""
@@ -144,6 +156,6 @@ class HangWatch:
         line = verdict(records)
         (self.folder / "hang").mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.folder / "hang" / "summary.txt", summary_text(records, line, why))
-        client.set(f"{self.base}/summary", line)
-        self.line = line
+        self.line, self.line_at = line, time.time()
+        client.set(f"{self.base}/summary", f"{self.line_at} {line}")
         return line
