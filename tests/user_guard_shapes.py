@@ -3,7 +3,8 @@
 - :class:`PerturbOneRank`: a callback that changes one rank's weights (a rank-dependent update, a bit flip);
   :class:`CountAllReduces` counts each step's all-reduces.
 - :class:`BackboneClassifier`: a plain module with a ``backbone`` attribute, for Lightning's BackboneFinetuning;
-  its optimizer takes only what trains when it is built (Lightning's documented recipe).
+  its optimizer takes only what trains when it is built (Lightning's documented recipe). :class:`SelfUnfreezing`
+  unfreezes its own backbone; :class:`UnfreezeAddingGroup` is a user's fine-tuning callback that keeps no state.
 - :class:`BucketBatches` (a plain Sampler yielding index lists) and :class:`BucketBatchSampler` (a torch
   BatchSampler subclass): length-bucketing batch samplers over variable-length sequences, padded by
   :func:`pad_collate`; :class:`LongestFirstShuffled` an index sampler drawing from torch's global generator;
@@ -62,6 +63,46 @@ class BackboneClassifier(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """Only the trainable parameters (the backbone is frozen by BackboneFinetuning at setup)."""
         return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.lr)
+
+
+class SelfUnfreezing(BackboneClassifier):
+    """Its backbone frozen in ``__init__`` and unfrozen by its own ``on_train_batch_start`` at ``unfreeze_step``.
+
+    The module's own hook runs after every callback's, once the batch has started: the latest a change can come
+    before the forward. Its optimizer holds every parameter from the start (a frozen one has no gradient).
+    """
+
+    def __init__(self, lr: float = 0.05, hidden: int = 32, unfreeze_step: int = 30) -> None:
+        super().__init__(lr, hidden)
+        self.unfreeze_step = unfreeze_step
+        self.backbone.requires_grad_(False)
+
+    def on_train_batch_start(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """Unfreeze the backbone at the chosen step."""
+        if self.trainer.global_step == self.unfreeze_step:
+            self.backbone.requires_grad_(True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """Every parameter, with momentum (whose state shows which parameters ever had a gradient)."""
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+
+
+class UnfreezeAddingGroup(L.Callback):
+    """A user's own fine-tuning: at ``epoch`` the backbone trains, in a parameter group added then; nothing of it is
+    saved, so a resume builds the optimizer with one group where the checkpoint has two."""
+
+    def __init__(self, epoch: int = 1) -> None:
+        self.epoch = epoch
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Frozen before the optimizer is built."""
+        pl_module.backbone.requires_grad_(False)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Unfreeze, with a group of its own."""
+        if trainer.current_epoch == self.epoch:
+            pl_module.backbone.requires_grad_(True)
+            trainer.optimizers[0].add_param_group({"params": list(pl_module.backbone.parameters()), "lr": 0.01})
 
 
 class Sequences(Dataset):
