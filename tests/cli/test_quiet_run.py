@@ -9,8 +9,6 @@ ModelCheckpoints (the template names the best checkpoint's path itself).
 
 from __future__ import annotations
 
-import pytest
-
 from helpers import CONFIGS, DIGITS, cli_env, run_cli
 
 NOISE = ("Warning", "warning", "litlogger", "Tip:", "deprecated")
@@ -26,7 +24,6 @@ def _default_warnings() -> dict[str, str]:
     return env
 
 
-@pytest.mark.cli
 def test_make_train_prints_no_warning_and_no_tip(tmp_path):
     # make train's command; 2 of its 20 epochs (every warning came at the start, at an epoch end or in the test)
     result = run_cli(["fit", "--config", DIGITS, "--trainer.max_epochs", "2"], tmp_path, env=_default_warnings())
@@ -36,7 +33,6 @@ def test_make_train_prints_no_warning_and_no_tip(tmp_path):
     assert "Restoring states from the checkpoint path at logs/digits/version_0/checkpoints/best-" in result.stderr
 
 
-@pytest.mark.cli
 def test_the_readme_plan_command_prints_no_warning(tmp_path):
     dp_012 = str(CONFIGS / "parallel" / "dp_012.yaml")
     args = ["plan", "--config", DIGITS, "--config", dp_012, "--assume_gpus", "8"]
