@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -57,6 +58,8 @@ def s3_server(bucket: str = "runs") -> Iterator[S3Server]:
     }
     running = S3Server(endpoint, env)
     try:
+        # moto keeps its buckets in this process's memory, shared by every server it starts: begin empty.
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30)
         running.fs().mkdir(bucket)
         yield running
     finally:

@@ -69,7 +69,8 @@ def open_store(url: str) -> Store:
     import fsspec  # a dependency of torch: always there; its S3 backend (s3fs) is the `storage` extra
 
     try:
-        fs, root = fsspec.core.url_to_fs(url.rstrip("/"), use_listings_cache=False)
+        # A fresh instance: fsspec caches one per argument list, and the endpoint comes from the environment.
+        fs, root = fsspec.core.url_to_fs(url.rstrip("/"), use_listings_cache=False, skip_instance_cache=True)
     except (ImportError, ValueError) as error:
         raise UserError(
             f"save_dir {url!r} is a URL whose store cannot be opened ({error}); install its file system "
