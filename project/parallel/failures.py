@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from project.dotted import import_object
 from project.errors import Preempted, RankFailure, RunFailure, UserError, first_line
 from project.launch.ranks import ForkedRank, how_it_ended
 from project.launch.stop_signals import peer_stopped
@@ -152,10 +152,10 @@ def explain_rank_failure(
 ) -> RunFailure | UserError | None:
     """A one-line :class:`RankFailure` for ``error`` if it is a lost or stuck rank, else ``None``.
 
-    Call it in the rank that caught ``error``, before its launcher's children are stopped, so that a
     Ranks this one started that all ended with exit code 75 stopped on a signal: that is a
     :class:`~project.errors.Preempted` (exit code 75), never blamed on the out-of-memory killer.
 
+    Call it in the rank that caught ``error``, before its launcher's children are stopped, so that a
     child that died first is told apart from the ones stopped afterwards. ``timeout_name`` is the
     setting that holds ``timeout_s``; ``then`` is what to do once the cause is fixed. DDP's error for a
     parameter that got no gradient is an :class:`UnusedParametersError` (a user mistake, exit code 2).
@@ -176,9 +176,9 @@ def explain_rank_failure(
     resume = then
     if failed:
         first = trainer.node_rank * trainer.num_devices
-        names = ", ".join(f"rank {first + local} (pid {p.pid}) {how_it_ended(p.returncode)}" for local, p in failed)
         if all(p.returncode == Preempted.exit_code for _, p in failed):  # stopped by a signal, not killed
             return Preempted(peer_stopped(", ".join(f"rank {first + local} (pid {p.pid})" for local, p in failed)))
+        names = ", ".join(f"rank {first + local} (pid {p.pid}) {how_it_ended(p.returncode)}" for local, p in failed)
         if lost and (stalled := known_stall()) is not None:  # that rank ended at its timeout, after a stall
             return RankFailure(f"{stalled}; {names} at its timeout and rank {rank} stopped the others, {resume}")
         return RankFailure(
@@ -239,8 +239,7 @@ def error_from_worker(error: BaseException) -> BaseException | None:
     if found is None:
         return None
     module, name, message = found.groups()
-    try:
-        cls = import_object(f"{module}.{name}")
-    except (ImportError, AttributeError):
-        return None
+    # Looked up among the modules already imported, never imported: the traceback's text is the worker's, and a
+    # multi-line message could name any module (importing `this` alone prints).
+    cls = getattr(sys.modules.get(module), name, None)
     return cls(message) if isinstance(cls, type) and issubclass(cls, (UserError, RunFailure)) else None
