@@ -18,10 +18,11 @@ import lightning as L
 
 
 class KillNodeOnce(L.Callback):
-    """At ``step``, the worker of local rank 0 on node ``node`` SIGKILLs its agent's whole process group, once.
+    """At ``step``, the worker of local rank 0 on node ``node`` SIGKILLs its agent and every worker of it, once.
 
-    The agent is this worker's parent; the test starts each agent in a session of its own, so the group is the
-    agent and its workers: the node is gone at once, as a machine that lost its power.
+    torchrun starts each worker in a session of its own, so the node is the agent's process group (the test starts
+    each agent in a session of its own) and each worker's: the agent's other workers are killed first, then the
+    agent's group, then this worker, so that the node is gone within a step, as a machine that lost its power.
     """
 
     def __init__(self, step: int, marker: str, node: int = 1) -> None:
@@ -34,7 +35,20 @@ class KillNodeOnce(L.Callback):
         on_node = int(os.environ.get("GROUP_RANK", "-1")) == self.node and int(os.environ.get("LOCAL_RANK", "0")) == 0
         if trainer.global_step == self.step and on_node and not self.marker.exists():
             self.marker.write_text(f"{trainer.world_size}\n")
-            os.killpg(os.getpgid(os.getppid()), signal.SIGKILL)
+            agent = os.getppid()
+            for worker in _children(agent):
+                if worker != os.getpid():
+                    os.kill(worker, signal.SIGKILL)
+            os.killpg(os.getpgid(agent), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
 
 
 class SlowAtWorldSize(L.Callback):

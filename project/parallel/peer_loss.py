@@ -65,10 +65,28 @@ def at_step_boundary(trainer: Any, epoch_start_step: int) -> bool:
     accumulation = max(1, int(trainer.accumulate_grad_batches))
     done = progress.completed
     return (
-        progress.processed == done
+        done > 0  # the epoch's first step: the previous epoch's end was saved (at the same step)
+        and progress.processed == done
         and done % accumulation == 0
         and trainer.global_step - epoch_start_step == done // accumulation
     )
+
+
+def as_saved_at_batch_end(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The loops' counters of ``checkpoint`` as Lightning writes them in ``on_train_batch_end`` of the last step.
+
+    Lightning resumes a mid-epoch checkpoint as one saved there: its last batch processed but not yet counted
+    completed, and ``_batches_that_stepped`` (the logger's step) not yet increased; the restart then counts both.
+    A dump taken inside the next step has both counted already, so without this the resumed run's logger step
+    would run one ahead of ``global_step`` (and the logged steps would be skipped).
+    """
+    loop = checkpoint["loops"]["fit_loop"]
+    progress = loop["epoch_loop.batch_progress"]
+    for part in ("total", "current"):
+        done = progress[part]["completed"]
+        progress[part].update(ready=done, started=done, processed=done, completed=done - 1)
+    loop["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+    return checkpoint
 
 
 def leave_broken_group() -> None:
@@ -104,7 +122,7 @@ def save_alone(trainer: Any, path: str, lock_key: str) -> bool:
     """
     with first_on_this_node(lock_key, trainer.global_step) as first:
         if first:
-            checkpoint = dump_checkpoint(trainer)
+            checkpoint = as_saved_at_batch_end(dump_checkpoint(trainer))
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             trainer.strategy.checkpoint_io.save_checkpoint(checkpoint, path)
             pending.wait_for()  # a background write must be on disk before this rank ends

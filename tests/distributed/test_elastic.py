@@ -1,9 +1,10 @@
 """Elastic training: two torchrun agents on localhost (``--nnodes 1:2``, 2 processes each) lose one and get it back.
 
-Each agent is a "node" in a session of its own; a test-only callback SIGKILLs one agent's whole process group at a
-chosen step (the node is gone at once, as a machine that lost its power). The other goes on at 2 processes; the
-agent started again later grows the job back to 4; the job ends as an uninterrupted run of the same global batch
-would. The records say what happened: ``membership.json`` (each change, steps redone) and the TensorBoard curves.
+Each agent is a "node" in a session of its own; a test-only callback SIGKILLs one node (its agent's process group and
+its workers, which torchrun starts in sessions of their own) at a chosen step: the node is gone at once, as a machine
+that lost its power. The other goes on at 2 processes; the agent started again later grows the job back to 4; the job
+ends as an uninterrupted run of the same global batch would. The records say what happened: ``membership.json`` (each
+change, steps redone) and the TensorBoard curves.
 """
 
 from __future__ import annotations
