@@ -12,8 +12,10 @@ import contextlib
 import logging
 import os
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 #: Fake credentials a test can look for in every record (none may hold them).
 FAKE_KEY_ID = "AKIAFAKEKEYID4TESTS00"
@@ -79,3 +81,20 @@ def environment(env: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextlib.contextmanager
+def attached_store(scratch: str) -> Iterator[Any]:
+    """This process's store: a fresh prefix of the ``runs`` bucket, cached in ``scratch`` (in-process tests)."""
+    from project.storage import location
+
+    saved = os.environ.get(location.SCRATCH_ENV)
+    os.environ[location.SCRATCH_ENV] = scratch
+    try:
+        yield location.attach(f"s3://runs/{uuid.uuid4().hex[:8]}")
+    finally:
+        location.detach()
+        if saved is None:
+            os.environ.pop(location.SCRATCH_ENV, None)
+        else:
+            os.environ[location.SCRATCH_ENV] = saved

@@ -7,12 +7,11 @@ store's state a kill leaves at each point of an upload and check what ``--resume
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pytest
 import torch
-from storage_server import environment, s3_server
+from storage_server import attached_store, environment, s3_server
 
 from project.checkpoints.loading import safe_load
 from project.storage import commits, location, objects, pull, records
@@ -26,11 +25,9 @@ def s3():
 
 
 @pytest.fixture
-def store(s3, tmp_path, monkeypatch):
-    monkeypatch.setenv(location.SCRATCH_ENV, str(tmp_path / "scratch"))
-    attached = location.attach(f"s3://runs/{uuid.uuid4().hex[:8]}")
-    yield attached
-    location.detach()
+def store(s3, tmp_path):
+    with attached_store(str(tmp_path / "scratch")) as attached:
+        yield attached
 
 
 def save(path: Path, step: int) -> Path:

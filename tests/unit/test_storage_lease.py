@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import socket
 import time
-import uuid
 
 import pytest
-from storage_server import environment, s3_server
+from storage_server import attached_store, environment, s3_server
 
 from project.errors import UserError
-from project.storage import lease, location, objects
+from project.storage import lease, objects
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +20,9 @@ def s3():
 
 
 @pytest.fixture
-def run(s3, tmp_path, monkeypatch):
-    monkeypatch.setenv(location.SCRATCH_ENV, str(tmp_path / "scratch"))
-    store = location.attach(f"s3://runs/{uuid.uuid4().hex[:8]}")
-    yield store, store.scratch / "digits/version_0"
-    location.detach()
+def run(s3, tmp_path):
+    with attached_store(str(tmp_path / "scratch")) as store:
+        yield store, store.scratch / "digits/version_0"
 
 
 def held_by(store, run_dir, host: str, pid: int, expires_in: float) -> None:
