@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from helpers import CONFIGS, REPO
 
 BASE = str(REPO / "tests" / "conformance" / "base.yaml")
-MODELS, DATA = "conformance.shapes_models.", "conformance.shapes_data."
+PACKAGE = "conformance."
 
 # The layouts: the 1-process run is the reference of check (a); kill+resume (b) runs on the 2-process DDP layout.
 LAYOUTS: dict[str, tuple[str, ...]] = {
@@ -45,7 +45,7 @@ class Feature:
     Args:
         name: Its row in docs/conformance.md.
         what: The Lightning feature, in a few words.
-        model / data: Class names in shapes_models.py / shapes_data.py.
+        model / data: ``module.Class`` in tests/conformance (shapes_models, shapes_steps / shapes_data).
         options: Trainer / callback options after the layout.
         kill_step: The global step rank 1 is killed before in check (b) (a checkpoint every 3 steps: mid-epoch).
         keys: Checkpoint entries besides the weights that (a) and (b) compare (the user's own state).
@@ -56,8 +56,8 @@ class Feature:
 
     name: str
     what: str
-    model: str = "PointsRegressor"
-    data: str = "PointsData"
+    model: str = "shapes_models.PointsRegressor"
+    data: str = "shapes_data.PointsData"
     options: tuple[str, ...] = ()
     kill_step: int = 10
     keys: tuple[str, ...] = ()
@@ -67,24 +67,28 @@ class Feature:
 
     def args(self) -> list[str]:
         """The feature's part of the command line (after the base config and the layout)."""
-        return ["--model", MODELS + self.model, "--data", DATA + self.data, *self.options]
+        return ["--model", PACKAGE + self.model, "--data", PACKAGE + self.data, *self.options]
 
 
 CLIP = "--trainer.gradient_clip_val"
 TIME_SKIP = "where a time limit stops depends on the machine's speed: not reproducible across runs"
 FEATURES: tuple[Feature, ...] = (
     Feature("plain module", "a LightningModule and LightningDataModule with nothing else"),
-    Feature("configure_model", "the network built in `configure_model`", model="ConfigureModel"),
+    Feature("configure_model", "the network built in `configure_model`", model="shapes_models.ConfigureModel"),
     Feature(
         "on_save/load_checkpoint",
         "the module's own state in the checkpoint",
-        model="CheckpointHooks",
+        model="shapes_models.CheckpointHooks",
         keys=("user_batches_trained",),
     ),
-    Feature("manual optimization", "`automatic_optimization = False`, two optimizers", model="ManualTwoOptimizers"),
-    Feature("LR scheduler by step", "`StepLR` with `interval: step`", model="StepLRByStep"),
-    Feature("LR scheduler by epoch", "`StepLR` (interval epoch)", model="StepLRByEpoch"),
-    Feature("ReduceLROnPlateau", "`ReduceLROnPlateau` monitoring `val/loss`", model="Plateau"),
+    Feature(
+        "manual optimization",
+        "`automatic_optimization = False`, two optimizers",
+        model="shapes_models.ManualTwoOptimizers",
+    ),
+    Feature("LR scheduler by step", "`StepLR` with `interval: step`", model="shapes_models.StepLRByStep"),
+    Feature("LR scheduler by epoch", "`StepLR` (interval epoch)", model="shapes_models.StepLRByEpoch"),
+    Feature("ReduceLROnPlateau", "`ReduceLROnPlateau` monitoring `val/loss`", model="shapes_models.Plateau"),
     Feature("gradient clipping by norm", f"`{CLIP} 0.05`", options=(CLIP, "0.05")),
     Feature(
         "gradient clipping by value",
@@ -108,7 +112,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         "BackboneFinetuning",
         "`BackboneFinetuning(unfreeze_backbone_at_epoch=1)`",
-        model="Finetuned",
+        model="shapes_models.Finetuned",
         options=(callback("lightning.pytorch.callbacks.BackboneFinetuning", unfreeze_backbone_at_epoch=1),),
     ),
     Feature(
@@ -126,44 +130,53 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         "several val/test/predict loaders",
         "two validation, test and predict loaders (`dataloader_idx`), tested after fit, then `predict`",
-        data="SeveralEvalLoaders",
+        data="shapes_data.SeveralEvalLoaders",
         options=("--test_after_fit", "true"),
         predict=True,
     ),
     Feature(
         "monitor with dataloader_idx",
         "`ModelCheckpoint(monitor=val/loss/dataloader_idx_0)` over two validation loaders",
-        data="SeveralEvalLoaders",
+        data="shapes_data.SeveralEvalLoaders",
         options=(callback("lightning.pytorch.callbacks.ModelCheckpoint", monitor="val/loss/dataloader_idx_0"),),
         refusal_is_a_bug=True,
     ),
     Feature(
-        "CombinedLoader", "a `CombinedLoader` of two training loaders", model="CombinedBatches", data="CombinedTraining"
+        "CombinedLoader",
+        "a `CombinedLoader` of two training loaders",
+        model="shapes_models.CombinedBatches",
+        data="shapes_data.CombinedTraining",
     ),
-    Feature("IterableDataset", "an `IterableDataset` training loader", data="StreamedTraining"),
-    Feature("own sampler", "a training `DataLoader(sampler=...)` of the user's", data="OwnSampler"),
-    Feature("own batch_sampler", "a length-bucketing `batch_sampler` of the user's", data="OwnBatchSampler"),
+    Feature("IterableDataset", "an `IterableDataset` training loader", data="shapes_data.StreamedTraining"),
+    Feature("own sampler", "a training `DataLoader(sampler=...)` of the user's", data="shapes_data.OwnSampler"),
+    Feature(
+        "own batch_sampler", "a length-bucketing `batch_sampler` of the user's", data="shapes_data.OwnBatchSampler"
+    ),
     Feature(
         "datamodule state_dict",
         "a datamodule with `state_dict`/`load_state_dict`",
-        data="StatefulData",
+        data="shapes_data.StatefulData",
         keys=("StatefulData",),
     ),
-    Feature("torchmetrics", "a `MeanSquaredError` metric object logged with `sync_dist=True`", model="Metrics"),
-    Feature("self.all_gather", "the whole validation set's error from `self.all_gather`", model="Gathered"),
+    Feature(
+        "torchmetrics", "a `MeanSquaredError` metric object logged with `sync_dist=True`", model="shapes_steps.Metrics"
+    ),
+    Feature(
+        "self.all_gather", "the whole validation set's error from `self.all_gather`", model="shapes_steps.Gathered"
+    ),
     Feature(
         "configure_callbacks",
         "ModelCheckpoint, LearningRateMonitor, EarlyStopping from the module",
-        model="OwnCallbacks",
+        model="shapes_steps.OwnCallbacks",
     ),
-    Feature("training_step returns None", "the third batch of each epoch skipped", model="SkipsSteps"),
+    Feature("training_step returns None", "the third batch of each epoch skipped", model="shapes_steps.SkipsSteps"),
     Feature(
         "on_train_batch_start returns -1",
         "the first epoch ended at its fifth batch",
-        model="EndsEpochEarly",
+        model="shapes_steps.EndsEpochEarly",
         kill_step=8,
     ),
-    Feature("trainer.should_stop", "the module stops training after step 11", model="StopsItself"),
+    Feature("trainer.should_stop", "the module stops training after step 11", model="shapes_steps.StopsItself"),
     Feature("max_steps", "`--trainer.max_steps 11` (not an epoch end)", options=("--trainer.max_steps", "11")),
     Feature(
         "max_time",

@@ -7,6 +7,7 @@ part of the lane, ``-k`` or one file, leaves the committed page alone).
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from conformance.matrix import CHECKS, FEATURES, LAYOUTS, Feature, cells, not_ap
 from helpers import REPO
 
 DOC = REPO / "docs" / "conformance.md"
+DEFAULTS = (Feature.model, Feature.data)  # the plain module and datamodule every feature changes
 MARK = {"holds": "holds", "refused": "refused", "fails": "**FAILS**"}
 
 INTRO = """# Conformance: Lightning's features on every layout
@@ -49,6 +51,12 @@ def _cell(results: dict[tuple[str, str, str], dict], feature: Feature, layout: s
     return "<br>".join(parts)
 
 
+def _code(feature: Feature) -> str:
+    """The user code a feature plugs in, where it is not the plain module and datamodule."""
+    own = [name for name in (feature.model, feature.data) if name not in DEFAULTS]
+    return "".join(f" (`{name}`)" for name in own)
+
+
 def _details(results: dict[tuple[str, str, str], dict]) -> list[str]:
     lines = ["## Refusals and failures", "", "The line each refused cell printed, and what each failing cell did.", ""]
     found = [r for r in results.values() if r["verdict"] != "holds"]
@@ -75,18 +83,20 @@ def _not_applicable() -> list[str]:
 def render(results: dict[tuple[str, str, str], dict], seconds: float, when: str) -> str:
     """The page for these verdicts, the lane's wall time and the time it ran."""
     checks = "\n".join(f"- **{name}** {text}" for name, text in CHECKS.items())
+    load = ", load average {:.1f} / {:.1f} / {:.1f} at its end (1 / 5 / 15 min)".format(*os.getloadavg())
     held = sum(r["verdict"] != "fails" for r in results.values())
     header = "| feature | what the user wrote | " + " | ".join(LAYOUTS) + " |"
     rows = [header, "|" + " --- |" * (2 + len(LAYOUTS))]
     for feature in FEATURES:
         cells_of = " | ".join(_cell(results, feature, layout) for layout in LAYOUTS)
-        rows.append(f"| {feature.name} | {feature.what} | {cells_of} |")
+        rows.append(f"| {feature.name} | {feature.what}{_code(feature)} | {cells_of} |")
     summary = [
         "## The matrix",
         "",
         f"Generated {when} by `make conformance`: {len(FEATURES)} features, {len(results)} cells judged, "
         f"{held} hold or are refused, {len(results) - held} fail. The lane took {seconds / 60:.1f} min "
-        f"({seconds:.0f} s) on this machine's cores with two workers.",
+        f"({seconds:.0f} s) with two workers on {os.cpu_count()} cores{load}. The target is at most 10 minutes on 2 "
+        "quiet cores; a wall time measured beside other work (a load average above the cores) says little about it.",
         "",
     ]
     parts = [INTRO.format(checks=checks), *summary, *rows, "", *_details(results), "", *_not_applicable(), ""]

@@ -13,14 +13,13 @@ from typing import Any
 
 import lightning as L
 import torch
-import torchmetrics
-from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from torch import Tensor, nn
 
 SEEN = Path("seen")
 
 
-def _write(kind: str, rank: int, lines: list[str]) -> None:
+def write_record(kind: str, rank: int, lines: list[str]) -> None:
+    """Append ``lines`` to ``seen/<kind>-rank<rank>.txt`` (in the run's working folder)."""
     SEEN.mkdir(exist_ok=True)
     with (SEEN / f"{kind}-rank{rank}.txt").open("a") as handle:
         handle.write("".join(line + "\n" for line in lines))
@@ -55,7 +54,7 @@ class PointsRegressor(L.LightningModule):
         """Which samples this rank evaluated or predicted (not in the sanity check, which is not an evaluation)."""
         if not self.trainer.sanity_checking:
             lines = [f"{self.trainer.global_step} {dataloader_idx} {int(i)}" for i in batch[0]]
-            _write(kind, self.global_rank, lines)
+            write_record(kind, self.global_rank, lines)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """``val/loss``, averaged over the ranks."""
@@ -74,7 +73,7 @@ class PointsRegressor(L.LightningModule):
 
     def on_fit_end(self) -> None:
         """The step training ended at."""
-        _write("final", self.global_rank, [str(self.trainer.global_step)])
+        write_record("final", self.global_rank, [str(self.trainer.global_step)])
 
     def configure_optimizers(self) -> Any:
         """Plain SGD."""
@@ -187,76 +186,3 @@ class CombinedBatches(PointsRegressor):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         """Both loaders' batches."""
         return (self.loss(batch["a"]) + self.loss(batch["b"])) / 2
-
-
-class Metrics(PointsRegressor):
-    """A torchmetrics ``MeanSquaredError`` logged as a metric object, synchronised by torchmetrics."""
-
-    def __init__(self, lr: float = 0.05) -> None:
-        super().__init__(lr)
-        self.val_mse = torchmetrics.MeanSquaredError()
-
-    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """The metric updated and logged."""
-        super().validation_step(batch, batch_idx, dataloader_idx)
-        self.val_mse(self(batch[1]), batch[2])
-        self.log("val/mse", self.val_mse, sync_dist=True)
-
-    def on_validation_epoch_end(self) -> None:
-        """The whole set's value, as this rank sees it."""
-        if not self.trainer.sanity_checking:
-            _write("metric", self.global_rank, [f"{self.trainer.global_step} {float(self.val_mse.compute()):.8f}"])
-
-
-class Gathered(PointsRegressor):
-    """The whole validation set's error from ``self.all_gather`` of each rank's sum and count."""
-
-    def on_validation_epoch_start(self) -> None:
-        """A fresh sum."""
-        self.sums = torch.zeros(2)
-
-    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Summed."""
-        super().validation_step(batch, batch_idx, dataloader_idx)
-        error = (self(batch[1]) - batch[2]).pow(2).sum()
-        self.sums = self.sums + torch.stack([error.detach(), torch.tensor(float(len(batch[0])))])
-
-    def on_validation_epoch_end(self) -> None:
-        """All ranks' sums gathered: every rank knows the whole set's mean."""
-        gathered = self.all_gather(self.sums).reshape(-1, 2).sum(0)
-        if not self.trainer.sanity_checking:
-            _write("metric", self.global_rank, [f"{self.trainer.global_step} {float(gathered[0] / gathered[1]):.8f}"])
-
-
-class OwnCallbacks(PointsRegressor):
-    """Callbacks from ``configure_callbacks``: its own ModelCheckpoint and a LearningRateMonitor."""
-
-    def configure_callbacks(self) -> list[Callback]:
-        """As users write it."""
-        best = ModelCheckpoint(monitor="val/loss", filename="own-{step}", save_top_k=1)
-        return [best, LearningRateMonitor(), EarlyStopping(monitor="val/loss", patience=5)]
-
-
-class SkipsSteps(PointsRegressor):
-    """``training_step`` returns None (no backward, no step) on the third batch of each epoch."""
-
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:
-        """Skip batch 2."""
-        return None if batch_idx == 2 else self.loss(batch)
-
-
-class EndsEpochEarly(PointsRegressor):
-    """``on_train_batch_start`` returns -1 at batch 4 of the first epoch: the rest of that epoch is skipped."""
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
-        """-1 ends the epoch."""
-        return -1 if self.current_epoch == 0 and batch_idx == 4 else None
-
-
-class StopsItself(PointsRegressor):
-    """Sets ``trainer.should_stop`` after optimizer step 11."""
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Stop."""
-        if self.trainer.global_step == 11:
-            self.trainer.should_stop = True
