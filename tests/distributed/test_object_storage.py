@@ -183,3 +183,12 @@ def test_sharded_checkpoints_in_a_store_are_refused_before_anything_is_built(s3,
     (line,) = {line for line in refused.stderr.splitlines() if line.startswith("error:")}
     assert "save_dir s3://runs/fsdp is object storage" in line and "sharded folders" in line
     assert s3.fs().find("runs/fsdp") == []
+
+
+def test_a_run_refused_before_its_first_step_leaves_nothing_in_the_store(s3, tmp_path):
+    args = ["fit", "--config", STEPS, *SHORT, "--data.init_args.batch_size", "100000", *at("s3://runs/refused")]
+    refused = run_cli(args, tmp_path, env=s3.env)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "one global batch of 100000" in refused.stderr
+    assert s3.fs().find("runs/refused") == []  # its version's reservation given back, no lease, no record
+    assert not [p for p in (tmp_path / ".scratch").rglob("*") if p.is_file()]
