@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 
 import yaml
 
 from project.launch.elastic import ElasticJob, detect_elastic, keep_checkpoint_batch, nnodes_argument, parse_range
+from project.parallel.peer_loss import as_saved_at_batch_end
 from project.plan.config import ParallelConfig
 from project.plan.environment import detect_environment
 
@@ -53,3 +55,21 @@ def test_the_elastic_pytorchjob_runs_the_documented_command_under_torchrun():
     assert container["command"][-2:] == ["--resume", "auto"]
     for config in [b for a, b in zip(container["command"], container["command"][1:]) if a == "--config"]:
         assert (REPO / config).is_file(), config
+
+
+def test_the_checkpoint_dump_a_survivor_writes_alone_is_still_lightnings_connector_method():
+    # project.lightning_private.dump_checkpoint: the dump of trainer.save_checkpoint without its write and barrier.
+    import lightning as L
+
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    assert callable(trainer._checkpoint_connector.dump_checkpoint)
+    assert "weights_only" in inspect.signature(trainer._checkpoint_connector.dump_checkpoint).parameters
+
+
+def test_a_survivors_checkpoint_counts_its_last_batch_as_lightning_does_when_it_saves_at_batch_end():
+    done = {"ready": 11, "started": 11, "processed": 10, "completed": 10}
+    loops = {"epoch_loop.batch_progress": {"total": dict(done), "current": dict(done), "is_last_batch": False},
+             "epoch_loop.state_dict": {"_batches_that_stepped": 10}}  # fmt: skip
+    fixed = as_saved_at_batch_end({"loops": {"fit_loop": loops}})["loops"]["fit_loop"]
+    assert fixed["epoch_loop.batch_progress"]["total"] == {"ready": 10, "started": 10, "processed": 10, "completed": 9}
+    assert fixed["epoch_loop.state_dict"]["_batches_that_stepped"] == 9  # the restart counts the batch: 10
