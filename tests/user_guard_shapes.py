@@ -1,5 +1,6 @@
 """User code for the replica guard, fine-tuning and own-batch-sampler tests: written as users write it.
 
+- :func:`own_every_10_steps`: the own-module skeleton config, saving every 10 steps (kill points are steps).
 - :class:`PerturbOneRank`: a callback that changes one rank's weights (a rank-dependent update, a bit flip);
   :class:`CountAllReduces` counts each step's all-reduces.
 - :class:`BackboneClassifier`: a plain module with a ``backbone`` attribute, for Lightning's BackboneFinetuning;
@@ -13,7 +14,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -21,6 +25,20 @@ import torch.nn.functional as F
 from preempt_faults import CountCollectives
 from torch import Tensor, nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, SequentialSampler
+
+from helpers import CONFIGS, atomic_write_text
+
+
+def own_every_10_steps() -> str:
+    """``configs/own_module.yaml`` whose ``last.ckpt`` is also saved every 10 steps (a kill point's checkpoint)."""
+    text = (
+        (CONFIGS / "own_module.yaml").read_text().replace("every_s: 60\n", "every_s: 60\n        every_n_steps: 10\n")
+    )
+    assert "every_n_steps: 10" in text
+    path = Path(tempfile.gettempdir()) / f"own-every-10-steps-{hashlib.sha1(text.encode()).hexdigest()[:12]}.yaml"
+    if not path.exists():
+        atomic_write_text(path, text)
+    return str(path)
 
 
 class PerturbOneRank(L.Callback):

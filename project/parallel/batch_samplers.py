@@ -105,11 +105,15 @@ class ShardedBatchSampler(DistributedSampler):
         return batch[self.rank * share : (self.rank + 1) * share]
 
     def __iter__(self) -> Iterator[list[int]]:
-        """Yield this rank's slice of each global batch not trained on yet."""
+        """Yield this rank's slice of each global batch not trained on yet.
+
+        A generator: the batches are drawn at the first ``next``, once Lightning has set the epoch (and a resume its
+        position), not when the DataLoader makes its iterator.
+        """
         skip = self.resume_point[1] if self.resume_point and self.resume_point[0] == self.epoch else 0
         self.resume_point = None
-        batches = self.global_batches()
-        return iter([self.slice_of(batch) for batch in batches[skip:]])
+        slices = [self.slice_of(batch) for batch in self.global_batches()[skip:]]  # a bad size before any of them
+        yield from slices
 
     def __len__(self) -> int:
         """Global batches of a whole epoch (one per step of this rank)."""

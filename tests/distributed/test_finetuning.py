@@ -5,16 +5,15 @@ trainable set comes back from the checkpoint, where Lightning's own restore woul
 
 from __future__ import annotations
 
-import hashlib
 import json
-import tempfile
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
+from user_guard_shapes import own_every_10_steps
 
-from helpers import CONFIGS, CPU_DDP, FAST, assert_clean_error, atomic_write_text, run_cli, run_dirs, two_at_a_time
+from helpers import CPU_DDP, FAST, assert_clean_error, run_cli, run_dirs, two_at_a_time
 
 FINETUNING = {
     "class_path": "lightning.pytorch.callbacks.BackboneFinetuning",
@@ -24,18 +23,6 @@ ARGS = ["--model", "user_guard_shapes.BackboneClassifier", "--data", "user_code.
 ARGS += ["--config", FAST, "--trainer.max_epochs", "3", "--trainer.limit_val_batches", "2", "--test_after_fit", "false"]
 ARGS += ["--parallel.global_batch_size", "32"]
 FINETUNED = [*ARGS, "--trainer.callbacks+=" + json.dumps(FINETUNING)]
-
-
-def own_every_10_steps() -> str:
-    """``configs/own_module.yaml`` whose ``last.ckpt`` is also saved every 10 steps (a kill point's checkpoint)."""
-    text = (
-        (CONFIGS / "own_module.yaml").read_text().replace("every_s: 60\n", "every_s: 60\n        every_n_steps: 10\n")
-    )
-    assert "every_n_steps: 10" in text
-    path = Path(tempfile.gettempdir()) / f"own-every-10-steps-{hashlib.sha1(text.encode()).hexdigest()[:12]}.yaml"
-    if not path.exists():
-        atomic_write_text(path, text)
-    return str(path)
 
 
 def fit(cwd: Path, *extra: str, args: list[str] = FINETUNED) -> Path:

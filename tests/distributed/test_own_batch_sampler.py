@@ -6,11 +6,13 @@ and an index sampler (DataLoader(sampler=...)), whose order is cut into global b
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
+from user_guard_shapes import own_every_10_steps
 
 from helpers import CONFIGS, CPU_DDP, FAST, assert_clean_error, read_plan, run_cli, run_dirs, two_at_a_time
 
@@ -66,3 +68,20 @@ def test_a_batch_two_processes_cannot_share_equally_is_refused_in_one_line(tmp_p
 def test_a_batch_sampler_beside_a_global_batch_size_is_refused_in_one_line(tmp_path):
     result = fit(tmp_path, "batch_sampler", "--parallel.global_batch_size", "32")
     assert_clean_error(result, "own batch_sampler BucketBatchSampler, whose batches are the global batches")
+
+
+def test_a_kill_mid_epoch_resumes_the_own_batches_exactly(tmp_path, runs):
+    form, cwd = runs
+    if form != "sampler":
+        pytest.skip("one form is enough: the same skip of global batches serves all three")
+    marker = str(tmp_path / "killed-once")
+    kill = {"class_path": "resume_faults.KillOnceAtStep", "init_args": {"step": 35, "marker": marker, "rank": 0}}
+    every_10 = [own_every_10_steps() if arg == OWN else arg for arg in ARGS]  # last.ckpt at step 30 too
+    killed = run_cli([*every_10, "--data.form", form, "--trainer.callbacks+=" + json.dumps(kill)], tmp_path)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    (run,) = run_dirs(tmp_path, name="own")
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 30  # mid-epoch 1
+    resumed = run_cli(["fit", "--config", str(run / "config.yaml"), "--resume", "auto"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for key, value in last_weights(cwd["one"]).items():
+        assert torch.equal(last_weights(tmp_path)[key], value), key
