@@ -50,7 +50,7 @@ def write(fs: Any, remote: str, data: bytes) -> None:
 def _parents(fs: Any, remote: str) -> None:
     """A file system with folders (``file://``, a mount) needs the parents; an object store has none to make."""
     if not is_s3(fs):
-        fs.makedirs(fs._parent(remote), exist_ok=True)
+        fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
 
 
 def get(fs: Any, remote: str, local: Path, expected: dict[str, Any] | None = None) -> None:
