@@ -87,6 +87,10 @@ class TrainableSetCallback(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Note what DDP was built with; after a resume, the parameter groups must be the checkpoint's."""
         self._wrapped = trainable_mask(pl_module)
+        if (
+            ddp_of(trainer.strategy) is None
+        ):  # nothing to rebuild: the per-step hooks cost nothing (dispatch skips None)
+            self.on_train_batch_start = self.on_before_optimizer_step = None  # type: ignore[assignment]
         if self._saved is None:
             return
         saved, now = self._saved["param_groups"], _group_names(pl_module, trainer.optimizers)
