@@ -1,0 +1,62 @@
+"""The checkpoint a command starts from matches what it runs: weights to evaluate, and of the model the config builds.
+
+``validate``/``test``/``predict`` without a checkpoint would evaluate freshly initialised weights; a checkpoint of
+another model (other names or shapes) would fail deep inside Lightning's load. Both are one line before anything runs.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from project.checkpoints.diff import diff_state_dicts
+from project.checkpoints.io import AtomicCheckpointIO
+from project.checkpoints.resume import NO_CHECKPOINT, Chosen
+from project.errors import UserError
+
+
+def refuse_unknown_weights(command: str, model: L.LightningModule, chosen: Chosen | None, asked: str | None) -> None:
+    """validate/test/predict without a checkpoint would evaluate freshly initialised weights: refuse, unless asked.
+
+    A module that loaded weights itself says where from in ``weights_from`` (as ``Classifier(weights=...)`` does).
+    """
+    if command == "fit" or chosen is not None or asked == NO_CHECKPOINT or getattr(model, "weights_from", None):
+        return
+    raise UserError(
+        f"{command} without --ckpt_path would evaluate the freshly initialised weights of "
+        f"{type(model).__name__}; give --ckpt_path PATH (or `last`: the newest of this run name), or "
+        f"--ckpt_path {NO_CHECKPOINT} to evaluate the initial weights on purpose"
+    )
+
+
+def refuse_mismatched_checkpoint(chosen: Chosen | None, model: L.LightningModule, trainer: L.Trainer) -> None:
+    """A checkpoint of another model than the config builds is one line; a good one is handed to Lightning.
+
+    Layers a module builds in ``configure_model`` exist only once the Trainer has called it (under the strategy's
+    init context: meta tensors, shards): such a module is compared when Lightning reads the checkpoint, right
+    after that call and before it loads a single weight (:meth:`AtomicCheckpointIO.preload`'s check).
+    """
+    if chosen is None or chosen.checkpoint is None:
+        return
+    io = trainer.strategy.checkpoint_io
+    deferred = is_overridden("configure_model", model) and isinstance(io, AtomicCheckpointIO)
+    if not deferred:
+        _refuse_other_model(chosen, model, chosen.checkpoint)
+    if isinstance(io, AtomicCheckpointIO):
+        # Lightning gets it without reading the file again
+        io.preload(chosen.path, chosen.checkpoint, partial(_refuse_other_model, chosen, model) if deferred else None)
+
+
+def _refuse_other_model(chosen: Chosen, model: L.LightningModule, checkpoint: dict) -> None:
+    """One line when ``checkpoint``'s weights are not the ones ``model`` holds (names and shapes)."""
+    diff = diff_state_dicts(checkpoint["state_dict"], model.state_dict())
+    if diff:
+        run_config = Path(chosen.path).resolve().parent.parent / "config.yaml"
+        config = f"--config {run_config}" if run_config.is_file() else "the config it was trained with"
+        raise UserError(
+            f"--ckpt_path '{chosen.path}' is a checkpoint of another model than the config builds "
+            f"({diff.describe()}; shapes are checkpoint vs config); run it with {config}"
+        )
