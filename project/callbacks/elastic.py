@@ -165,15 +165,15 @@ class ElasticCallback(L.Callback):
         nodes = world // local if local else 0
         lost = f"node {1 - node} ({_ranks(local * (1 - node), local)})" if nodes == 2 else "another node's ranks"
         saveable = replicated_state(trainer.strategy) and at_step_boundary(trainer, self._epoch_start or 0)
-        leave_broken_group()
-        key = f"{self.job.run_id}-{self.job.restart_count}"
+        saveable = saveable and leave_broken_group()  # only a save needs a group; sharded layouts keep theirs
+        key = f"{self.job.run_id}-{os.getppid()}-{self.job.restart_count}"  # this node's workers of this attempt
         if saveable:
             first = save_alone(trainer, self._checkpoint or "last.ckpt", key)
             kept = f"node {node} saved step {step} to {self._checkpoint}, so no step is redone"
         else:
             first = self._first_to_say(key, step)
             kept = (
-                "the state is sharded (or the loss came inside a step), so nothing could be saved: the job resumes "
+                "the state is sharded (or the loss came inside a step), so nothing was saved: the job resumes "
                 "from its newest checkpoint and redoes the steps after it"
             )
         if first:

@@ -89,11 +89,18 @@ def as_saved_at_batch_end(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return checkpoint
 
 
-def leave_broken_group() -> None:
-    """Replace the broken default process group by a world of one held in memory (this rank alone)."""
+def leave_broken_group() -> bool:
+    """Replace the broken default process group by a world of one held in memory (this rank alone).
+
+    ``False`` when that could not be done (the old group would not come down): then nothing is saved here.
+    """
     with contextlib.suppress(Exception):  # its peers are gone; tearing it down must not fail the save
         dist.destroy_process_group()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    except Exception:  # the newest checkpoint is resumed instead, as under a sharded layout
+        return False
+    return True
 
 
 @contextlib.contextmanager

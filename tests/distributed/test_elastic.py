@@ -205,7 +205,9 @@ def test_a_loss_that_leaves_a_world_the_layout_cannot_hold_ends_the_job_in_one_l
     layout = ["--config", CPU_DDP, "--parallel.tensor_parallel.size", "4"]
     layout += ["--model.init_args.net.init_args.batch_norm", "false"]  # Linear pairs the automatic plan splits
     said, code = lose_node_1(tmp_path, "1:2", ["--config", DIGITS, *layout])
-    (lost,) = [line for line in said.splitlines() if "elastic: lost" in line]
+    lost_lines = [line for line in said.splitlines() if "elastic: lost" in line]
+    assert len(lost_lines) == 1, said[-6000:]
+    (lost,) = lost_lines
     assert "the state is sharded" in lost, lost
     (line,) = [line for line in said.splitlines() if "error: " in line]
     assert "parallel.tensor_parallel.size=4" in line and "(elastic job --nnodes 1:2, now 2 processes)" in line, line
