@@ -23,11 +23,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
+import torch.distributed as dist
 from torch import Tensor
 
 from project.callbacks.nonfinite import _latest_checkpoint
 from project.errors import RunFailure
-from project.parallel.collectives import in_process_group
+from project.parallel.collectives import process_group_size
 from project.parallel.replicas import ReplicaRows, first_disagreement, state_checksums
 from project.parallel.strategies import row_of
 from project.plan.resolve import Plan
@@ -68,10 +69,12 @@ class ReplicaGuard(L.Callback):
     def _rows(self, trainer: L.Trainer) -> ReplicaRows:
         """Which ranks must agree under this run's strategy and layout."""
         sharded = row_of(trainer.strategy).shards_parameters
+        # The process group's size, not the Trainer's: an elastic survivor saves alone in a world of one.
+        world = process_group_size()
         if self.plan is None:  # a strategy given as trainer.strategy: its layout is unknown when it shards
-            return ReplicaRows(rows=trainer.world_size if sharded else 1, world=trainer.world_size)
+            return ReplicaRows(rows=world if sharded else 1, world=world)
         degrees = self.plan.degrees
-        return ReplicaRows.of(trainer.world_size, degrees.get("dp_shard", 1), degrees.get("tp", 1), sharded)
+        return ReplicaRows.of(world, degrees.get("dp_shard", 1), degrees.get("tp", 1), sharded)
 
     def check(self, trainer: L.Trainer, when: str) -> None:
         """Raise :class:`ReplicasDivergedError` when the replicas differ; once per optimizer step.
@@ -81,14 +84,14 @@ class ReplicaGuard(L.Callback):
         """
         rows = self._rows(trainer)
         step = trainer.global_step
-        if step == self._checked_step or not rows.compares or not in_process_group():
+        if step == self._checked_step or not rows.compares:
             return
         self._checked_step = step
         row = row_of(trainer.strategy)
         with_optimizer = not (row.shards_optimizer_state and not row.shards_parameters)  # zero1: partitions
         named = _named_state(trainer.lightning_module, trainer.optimizers, with_optimizer)
         names, sums = state_checksums(named)
-        index = first_disagreement(sums, trainer.global_rank, rows)
+        index = first_disagreement(sums, dist.get_rank(), rows)
         if index is None:
             return
         newest = _latest_checkpoint(trainer)
