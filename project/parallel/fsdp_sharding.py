@@ -56,12 +56,15 @@ def shard_module(
         "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy(),
     }
     classes = tuple(wrap_classes)
+    # A network reached under two names (`self.net = nn.Sequential(self.backbone, self.head)`) is one unit, sharded
+    # once: fully_shard refuses a module it was already applied to.
+    done: set[int] = set()
     for _, root in sharded_roots(module):
         # Reversed pre-order puts every module after its descendants: fully_shard goes bottom-up.
         for sub in reversed(list(root.modules())):
-            if sub is not root and isinstance(sub, classes) and has_parameters(sub):
+            if (sub is root or (isinstance(sub, classes) and has_parameters(sub))) and id(sub) not in done:
                 fully_shard(sub, **kwargs)
-        fully_shard(root, **kwargs)
+                done.add(id(sub))
 
 
 def point_optimizers_at(
