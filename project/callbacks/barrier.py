@@ -16,6 +16,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
+from project.callbacks.finite import gather_ranks
 from project.errors import RunFailure
 from project.parallel.collectives import process_group_size
 from project.parallel.hang import stalled_ranks
@@ -88,7 +89,7 @@ class BarrierCallback(L.Callback):
             return
         waited = synchronize(point, self.timeout_s)
         # Every rank takes part in the gather; only rank 0 writes.
-        waits = trainer.strategy.all_gather(torch.tensor(waited, dtype=torch.float64))
+        waits = gather_ranks(trainer, torch.tensor(waited, dtype=torch.float64))
         low, high = float(waits.min()), float(waits.max())
         self.history.append((point, low, high))
         if self.log_waits and trainer.is_global_zero and trainer.logger is not None:

@@ -131,7 +131,7 @@ class NonFiniteLossCallback(L.Callback):
             sharded = row_of(trainer.strategy).grads_are_dtensors
             if sharded_finite(grads) if sharded else all_finite(grads):
                 return
-        losses = trainer.strategy.all_gather(loss).reshape(-1).cpu() if trainer.world_size > 1 else loss.reshape(1)
+        losses = gather_ranks(trainer, loss.detach()).reshape(-1).cpu()
         bad = [rank for rank, value in enumerate(losses.tolist()) if not math.isfinite(value)]
         if not bad:
             bad = list(range(trainer.world_size))  # finite losses, overflowing gradients: no single culprit

@@ -23,6 +23,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from project.callbacks.finite import gather_ranks
 from project.parallel.collectives import gather_objects
 
 
@@ -162,7 +163,7 @@ class StragglerCallback(L.Callback):
     def _gather(self, trainer: L.Trainer, step: int) -> None:
         steps = step - self._window_start
         mine = torch.tensor(self.clock.take() / steps, dtype=torch.float64)
-        gathered = trainer.strategy.all_gather(mine).reshape(-1).tolist()
+        gathered = gather_ranks(trainer, mine).reshape(-1).tolist()
         window = Window(self._window_start, step, tuple(float(s) for s in gathered))
         self._window_start = step
         self.windows.append(window)
