@@ -152,21 +152,6 @@ def skip_sigterm_broadcast(trainer: Any) -> None:
         loop._broadcast_sigterm_tensor = lambda: None
 
 
-def logged_per_loader(trainer: Any) -> dict[str, set[int]]:
-    """What the last evaluation logged with a loader index: metric name -> the loaders' indices (``trainer._results``).
-
-    With several validation loaders Lightning puts no ``<name>/dataloader_idx_<i>`` into ``callback_metrics`` during
-    the sanity check (only from the first real validation on); its result collection holds each ``self.log`` call's
-    name and loader. Read once after the sanity check (:mod:`project.callbacks.checks`).
-    """
-    found: dict[str, set[int]] = {}
-    for result in (getattr(trainer, "_results", None) or {}).values():
-        meta = getattr(result, "meta", None)
-        if meta is not None and meta.add_dataloader_idx and meta.dataloader_idx is not None:
-            found.setdefault(meta.name, set()).add(int(meta.dataloader_idx))
-    return found
-
-
 def flight_recorder_json() -> str | None:
     """Torch's Flight Recorder (every collective of this process, in a ring) as JSON; ``None`` when it is off.
 
@@ -192,6 +177,21 @@ def process_group_timeout_s(strategy: Any) -> float | None:
     """The process-group timeout a Lightning DDP/model-parallel strategy was built with (``_timeout``), in seconds."""
     timeout = getattr(strategy, "_timeout", None)
     return timeout.total_seconds() if timeout is not None else None
+
+
+def logged_per_loader(trainer: Any) -> dict[str, set[int]]:
+    """What the last evaluation logged with a loader index: metric name -> the loaders' indices (``trainer._results``).
+
+    With several validation loaders Lightning puts no ``<name>/dataloader_idx_<i>`` into ``callback_metrics`` during
+    the sanity check (only from the first real validation on); its result collection holds each ``self.log`` call's
+    name and loader. Read once after the sanity check (:mod:`project.callbacks.checks`).
+    """
+    found: dict[str, set[int]] = {}
+    for result in (getattr(trainer, "_results", None) or {}).values():
+        meta = getattr(result, "meta", None)
+        if meta is not None and meta.add_dataloader_idx and meta.dataloader_idx is not None:
+            found.setdefault(meta.name, set()).add(int(meta.dataloader_idx))
+    return found
 
 
 def dump_checkpoint(trainer: Any) -> dict[str, Any]:
