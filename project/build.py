@@ -29,7 +29,7 @@ from project.callbacks import (
 from project.callbacks.dispatch import skip_idle_batch_hooks
 from project.callbacks.elastic import ElasticCallback
 from project.callbacks.float64 import Float64BeforeRestore
-from project.callbacks.model_checks import refuse_manual_accumulation
+from project.callbacks.model_checks import refuse_manual_accumulation, refuse_unshardable_callbacks
 from project.check.command import add_check_arguments, check_trainer_kwargs
 from project.checkpoints.background import with_atomic_checkpoint_io
 from project.checkpoints.resume import Chosen, choose_checkpoint
@@ -227,6 +227,7 @@ class ProjectCLI(LightningCLI):
         if self.command in ("fit", "check"):  # before any process starts; evaluation never accumulates
             settings = self.plan_inputs[0] if self.plan_inputs is not None else None
             refuse_manual_accumulation(self.model, self.trainer.accumulate_grad_batches, settings, self.plan)
+            refuse_unshardable_callbacks(self.trainer)
         if self.command == "fit":
             say_replaced_optimizer(self.model, self.config.get("optimizer"))
 

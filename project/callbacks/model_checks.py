@@ -9,6 +9,9 @@
 - Manual optimization (``automatic_optimization = False``) with gradient accumulation, which Lightning
   refuses at ``fit`` naming ``Trainer(accumulate_grad_batches=N)``, a setting the plan wrote:
   :func:`refuse_manual_accumulation` refuses it before any process starts, naming the ``parallel`` setting.
+- Lightning's StochasticWeightAveraging under a layout that shards parameters: it copies DTensor shards into a
+  plain averaged copy and fails mid-training (``aten.copy_ got mixed torch.Tensor and DTensor``):
+  :func:`refuse_unshardable_callbacks` says so before training.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import lightning as L
+from lightning.pytorch.callbacks import StochasticWeightAveraging
 from torch.nn.parallel import DistributedDataParallel
 
 from project.errors import UserError
@@ -26,6 +30,7 @@ from project.parallel.failures import (
     unused_parameters_error,
     uses_parallel_section,
 )
+from project.parallel.strategies import row_of
 
 if TYPE_CHECKING:
     from project.plan.config import ParallelConfig
@@ -118,3 +123,19 @@ def refuse_manual_accumulation(
         f"only under automatic optimization, and {type(model).__name__} sets `automatic_optimization = False`; "
         f"{fix}, and if it should accumulate, step its optimizers every {accumulation} batches in training_step"
     )
+
+
+def refuse_unshardable_callbacks(trainer: L.Trainer) -> None:
+    """Refuse StochasticWeightAveraging where parameters are sharded (fsdp, tensor parallel), before training.
+
+    Raises:
+        UserError: naming the callback, why it cannot run on shards, and the layouts where it does.
+    """
+    if not row_of(trainer.strategy).shards_parameters:
+        return
+    if any(isinstance(callback, StochasticWeightAveraging) for callback in trainer.callbacks):
+        raise UserError(
+            "trainer.callbacks has StochasticWeightAveraging, which averages a plain copy of the module's weights, "
+            "and this layout shards them (scenario fsdp or tensor parallelism: the copy fails mid-training); use "
+            "scenario ddp or zero1 for SWA, or drop the callback"
+        )
