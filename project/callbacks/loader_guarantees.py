@@ -1,13 +1,13 @@
 """Installs the parallel layer's samplers on whatever loaders the datamodule (or the module) returns.
 
-Lightning asks the datamodule for its loaders through its ``*_dataloader`` hooks, and every user's
-datamodule passes through there. This callback wraps those hooks on the instance (Lightning has no public
-hook that transforms the loaders a datamodule returns) so that each loader comes back with the layer's
-sampler (:mod:`project.parallel.sampler_install`; a loader's own batch_sampler: each of its batches split over the
-ranks, :mod:`project.parallel.batch_samplers`). At ``setup`` it builds the training loader once, resolves the
-plan with that loader's batch size and refuses, in one line, what cannot work (a global batch that does
-not divide, a dataset smaller than one global batch) before anything is trained or written. It also records
-how far into the epoch training got: a mid-epoch resume skips exactly the global batches already trained on.
+Lightning asks the datamodule for its loaders through its ``*_dataloader`` hooks, and every user's datamodule passes
+through there. This callback wraps those hooks on the instance (Lightning has no public hook that transforms the
+loaders a datamodule returns) so that each loader comes back with the layer's sampler
+(:mod:`project.parallel.sampler_install`; a loader's own batch_sampler: each of its batches split over the ranks,
+:mod:`project.parallel.batch_samplers`). At ``setup`` it builds the training loader once, resolves the plan with that
+loader's batch size and refuses, in one line, what cannot work (a global batch that does not divide, a dataset smaller
+than one global batch) before anything is trained or written. It also records how far into the epoch training got: a
+mid-epoch resume skips exactly the global batches already trained on.
 
 The Trainer's ``limit_*_batches`` mean the same samples at any world size (:mod:`project.parallel.limits`): the
 evaluation shards hold only the samples a limit keeps, the Trainer's per-process limit is lifted so that it cuts
@@ -33,6 +33,7 @@ from project.parallel.sampler_install import (
     Guarantee,
     install_eval_sampler,
     install_training_sampler,
+    refuse_several_training_loaders,
     takes_eval_sampler,
 )
 from project.parallel.samplers import GlobalBatchSampler
@@ -72,10 +73,8 @@ class LoaderGuaranteesCallback(L.Callback):
         self.built_plan = plan
         self.run_seed = run_seed
         self.resuming = resuming
-        #: The plan with the data batch size applied (after ``setup('fit')``).
-        self.plan: Plan | None = None
-        #: stage -> what holds for its loaders, for plan.json.
-        self.guarantees: dict[str, dict[str, Any]] = {}
+        self.plan: Plan | None = None  # the plan with the data batch size applied (after ``setup('fit')``)
+        self.guarantees: dict[str, dict[str, Any]] = {}  # stage -> what holds for its loaders, for plan.json
         self._wrapped: set[int] = set()
         self._built_train: Any = None
         self._sampler: GlobalBatchSampler | None = None
@@ -143,6 +142,7 @@ class LoaderGuaranteesCallback(L.Callback):
             self.plan = self.plan.with_micro_batch(*self._micro)
         per_device, accumulation = self.plan.loader_batches
         world, rank = self.plan.dp_size, self.plan.dp_rank(trainer.global_rank)  # not the world: tp groups share data
+        refuse_several_training_loaders(loader, world)
         self._train_limit = limit = trainer.limit_train_batches
         if own_batching(loader) is not None:  # the user's batches are the global batches: each split over the ranks
             loader, guarantee = install_batch_sampler(loader, self.plan, trainer.global_rank, self.run_seed)

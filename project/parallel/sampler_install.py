@@ -23,6 +23,7 @@ from typing import Any
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from project.data.augment import SeededAugmentation
+from project.errors import UserError
 from project.parallel.limits import (
     SETTINGS,
     EndAwareStream,
@@ -226,3 +227,22 @@ def install_eval_sampler(
     return rebuild_loader(loader, sampler, loader.batch_size), Guarantee(
         True, detail, kept if limit is not None else None
     )
+
+
+def refuse_several_training_loaders(loader: Any, dp_size: int) -> None:
+    """Refuse a training loader made of several loaders (a CombinedLoader, a dict or list) on several dp ranks.
+
+    Each of its loaders would hand every rank whole batches: the global batch would grow with the world size.
+
+    Raises:
+        UserError: naming the loader's kind, the data-parallel size and the fixes.
+    """
+    from lightning.pytorch.utilities import CombinedLoader
+
+    if dp_size > 1 and isinstance(loader, (CombinedLoader, dict, list, tuple)):
+        raise UserError(
+            f"data: the training loader is a {type(loader).__name__} of several loaders, which the template cannot "
+            f"split into the same global batches over {dp_size} data-parallel processes (every rank would train on "
+            "each loader's whole batches); return one DataLoader over a dataset that yields the combined samples, "
+            "or train on one process"
+        )
