@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from project.build import ProjectCLI
 from project.callbacks.best_checkpoint import best_checkpoint_path
+from project.callbacks.model_checks import skipped_step_error
 from project.callbacks.preemption import stopped_by_signal
 from project.checkpoints.loading import pickle_allowed
 from project.checkpoints.match import refuse_mismatched_checkpoint, refuse_unknown_weights
@@ -187,6 +188,7 @@ def _explain(command: str, cli: ProjectCLI, error: BaseException, start_step: in
     return (
         stopped_by_signal(error, trainer, restored)
         or error_from_worker(error)
+        or skipped_step_error(error, trainer)
         or explain_rank_failure(error, trainer, timeout_s)
     )
 

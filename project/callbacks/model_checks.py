@@ -12,6 +12,9 @@
 - Lightning's StochasticWeightAveraging under a layout that shards parameters: it copies DTensor shards into a
   plain averaged copy and fails mid-training (``aten.copy_ got mixed torch.Tensor and DTensor``):
   :func:`refuse_unshardable_callbacks` says so before training.
+- A ``training_step`` that returns None (skips the step) on several processes, which Lightning refuses at that
+  step with a RuntimeError from every rank: :func:`skipped_step_error` makes it one line (it depends on the data,
+  so it cannot be refused before training).
 """
 
 from __future__ import annotations
@@ -139,3 +142,15 @@ def refuse_unshardable_callbacks(trainer: L.Trainer) -> None:
             "and this layout shards them (scenario fsdp or tensor parallelism: the copy fails mid-training); use "
             "scenario ddp or zero1 for SWA, or drop the callback"
         )
+
+
+def skipped_step_error(error: BaseException, trainer: L.Trainer) -> UserError | None:
+    """Lightning's refusal of a ``training_step`` that returned None on several processes, as one line; else None."""
+    if not (isinstance(error, RuntimeError) and "returning None in distributed training" in str(error)):
+        return None
+    return UserError(
+        f"{type(trainer.lightning_module).__name__}.training_step returned None at step {trainer.global_step} "
+        f"(epoch {trainer.current_epoch}) on {trainer.world_size} processes, which Lightning does not support (a "
+        "rank skipping its backward while the others run theirs would hang DDP); return a loss that skips nothing "
+        "instead (e.g. `loss * 0` keeps the graph and changes no weight), or train on one process"
+    )

@@ -52,6 +52,9 @@ class Feature:
         skip: Check -> why it does not apply to this feature.
         refusal_is_a_bug: Lightning documents it as working: a refusal fails the cell (issue 34's known breakages).
         predict: ``predict --ckpt_path last`` after the fit, on the same layout; check (c) covers its predictions.
+        refused_at_step: Why the feature can only be refused at the step that uses it (it depends on the data): on
+            several processes the cell is refused when the run ends with one ``error:`` line and no traceback,
+            keeping what it wrote (a run that trained is never undone).
     """
 
     name: str
@@ -64,6 +67,7 @@ class Feature:
     skip: dict[str, str] = field(default_factory=dict)
     refusal_is_a_bug: bool = False
     predict: bool = False
+    refused_at_step: str = ""
 
     def args(self) -> list[str]:
         """The feature's part of the command line (after the base config and the layout)."""
@@ -169,7 +173,12 @@ FEATURES: tuple[Feature, ...] = (
         "ModelCheckpoint, LearningRateMonitor, EarlyStopping from the module",
         model="shapes_steps.OwnCallbacks",
     ),
-    Feature("training_step returns None", "the third batch of each epoch skipped", model="shapes_steps.SkipsSteps"),
+    Feature(
+        "training_step returns None",
+        "the third batch of each epoch skipped",
+        model="shapes_steps.SkipsSteps",
+        refused_at_step="Lightning refuses a skipped step on several processes when one happens (data-dependent)",
+    ),
     Feature(
         "on_train_batch_start returns -1",
         "the first epoch ended at its fifth batch",

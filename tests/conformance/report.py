@@ -29,7 +29,9 @@ documented Lightning feature that touches training state, data or evaluation (wr
 {checks}
 
 A cell **holds**, or is **refused**: exit non-zero with one `error:` line before training, nothing written. A
-**FAILS** cell does neither: the lane fails until it is fixed. A check that does not apply says why.
+**FAILS** cell does neither: the lane fails until it is fixed. A check that does not apply says why. One feature
+can only be refused when it happens, because it depends on the data (a `training_step` that returns None on several
+processes): its refusal is one `error:` line at that step, no traceback, and the run keeps what it wrote.
 
 This page is generated: `make conformance` runs the lane (`tests/conformance`, marker `conformance`, two pytest-xdist
 workers) and rewrites it when every cell was judged. CI (`.ci/run`) runs `make test`, then `make conformance`.

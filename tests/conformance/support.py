@@ -42,12 +42,15 @@ class Run:
     cwd: Path
     result: subprocess.CompletedProcess[str]
 
-    def refusal(self) -> str | None:
-        """The one ``error:`` line of a refusal before training that left nothing written, else None."""
+    def refusal(self, during_training: bool = False) -> str | None:
+        """The one ``error:`` line of a refusal before training that left nothing written, else None.
+
+        ``during_training``: a refusal at a step (one line, no traceback); what the run wrote is kept.
+        """
         output = self.result.stdout + self.result.stderr
         errors = [line for line in self.result.stderr.splitlines() if line.startswith("error:")]
         logs = self.cwd / "logs"
-        written = [p for p in logs.rglob("*") if p.is_file()] if logs.exists() else []
+        written = [p for p in logs.rglob("*") if p.is_file()] if logs.exists() and not during_training else []
         if self.result.returncode <= 0 or "Traceback" in output or len(errors) != 1 or written:
             return None
         return errors[0]
@@ -152,7 +155,7 @@ class Lane:
         run = self.fit(feature, layout)
         if run.result.returncode == 0:
             return run
-        line = run.refusal()
+        line = run.refusal(during_training=bool(feature.refused_at_step))
         if line is None:
             return ("fails", run.failure())
         if feature.refusal_is_a_bug:
