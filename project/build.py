@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 import torch
@@ -47,6 +47,7 @@ from project.plan.resolve import Plan, resolve_plan
 from project.run_config import (
     NoProfiler,
     SaveUserConfig,
+    add_run_options,
     listed,
     quiet_third_party,
     refuse_trainer_overlap,
@@ -120,27 +121,7 @@ class ProjectCLI(LightningCLI):
         if self.command == "check":
             add_check_arguments(parser)
             return
-        parser.add_argument(
-            "--ckpt_path",
-            type=str | None,
-            default=None,
-            help="Checkpoint to start from: a file, `last` (the newest good one of this run name) or `none` "
-            "(validate/test/predict the weights the config builds, on purpose).",
-        )
-        if self.command == "fit":
-            parser.add_argument(
-                "--resume",
-                type=Literal["auto"] | None,
-                default=None,
-                help="auto: continue from the newest good checkpoint of this run name, in its run folder "
-                "(a new run when there is none). `--ckpt_path last` does the same.",
-            )
-            parser.add_argument(
-                "--test_after_fit",
-                type=bool,
-                default=True,
-                help="After fit, test the best checkpoint (the last weights when there is none).",
-            )
+        add_run_options(parser, self.command)
 
     def before_instantiate_classes(self) -> None:
         """Choose the checkpoint and resolve the layout, before anything is built."""

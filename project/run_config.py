@@ -10,7 +10,7 @@ import logging
 import re
 import sys
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 from jsonargparse import Namespace
@@ -175,3 +175,28 @@ def refuse_trainer_overlap(parallel: Any, trainer: Namespace, defaults: Namespac
                 f"drop trainer.{key} and set {setting} instead (the parallel section decides it), "
                 "or set `parallel: null` to use plain Lightning trainer settings"
             )
+
+
+def add_run_options(parser: LightningArgumentParser, command: str) -> None:
+    """The run options: ``--ckpt_path`` (fit, validate, test, predict), ``--resume`` and ``--test_after_fit`` (fit)."""
+    parser.add_argument(
+        "--ckpt_path",
+        type=str | None,
+        default=None,
+        help="Checkpoint to start from: a file, `last` (the newest good one of this run name) or `none` "
+        "(validate/test/predict the weights the config builds, on purpose).",
+    )
+    if command == "fit":
+        parser.add_argument(
+            "--resume",
+            type=Literal["auto"] | None,
+            default=None,
+            help="auto: continue from the newest good checkpoint of this run name, in its run folder "
+            "(a new run when there is none). `--ckpt_path last` does the same.",
+        )
+        parser.add_argument(
+            "--test_after_fit",
+            type=bool,
+            default=True,
+            help="After fit, test the best checkpoint (the last weights when there is none).",
+        )
