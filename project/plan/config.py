@@ -18,6 +18,7 @@ Precision = Literal["32", "64", "bf16-mixed", "16-mixed"]
 #: A tensor-parallel style for the modules a plan pattern matches (torch.distributed.tensor.parallel's styles);
 #: ``sequence`` is refused with its reason (project.plan.tensor_plan).
 TensorStyle = Literal["colwise", "rowwise", "sequence"]
+PipelineSchedule = Literal["1f1b", "gpipe"]
 
 
 @dataclass
@@ -35,6 +36,26 @@ class TensorParallel:
 
     size: int = 1
     plan: str | dict[str, TensorStyle] = "auto"
+
+
+@dataclass
+class PipelineParallel:
+    """The ``parallel.pipeline_parallel`` subsection (docs/parallel.md, "Pipeline parallelism").
+
+    Args:
+        size: Pipeline stages: consecutive slices of the network, one per group of processes, each sending its
+            activations to the next (the outermost degree). 1: off.
+        schedule: ``1f1b`` (one forward, one backward: at most ``size`` micro-batches' activations held) or
+            ``gpipe`` (every forward, then every backward), torch.distributed.pipelining's schedules.
+        microbatches: Micro-batches each process's batch is cut into for the pipeline; ``None``: ``size``.
+        split_points: Names of the modules each stage after the first begins with (``["blocks.2"]``);
+            ``None``: the module's own ``pipeline_split_points(stages)``, or its repeated blocks split evenly.
+    """
+
+    size: int = 1
+    schedule: PipelineSchedule = "1f1b"
+    microbatches: int | None = None
+    split_points: list[str] | None = None
 
 
 @dataclass
@@ -86,6 +107,8 @@ class ParallelConfig:
             only): the Trainer's precision, owned by the plan.
         tensor_parallel: Tensor parallelism (``size``, ``plan``); with ``scenario: fsdp`` it is 2-D (FSDP over
             the data-parallel degree, tensor parallel within each group).
+        pipeline_parallel: Pipeline parallelism (``size``, ``schedule``, ``microbatches``, ``split_points``):
+            the network cut into stages; with data parallelism each stage is replicated (ddp) or sharded (fsdp).
         straggler_every_n_steps: Gather each rank's compute time every N optimizer steps (0: off) and name
             a rank slower than the median by ``straggler_factor``.
         straggler_factor: How many times the median step time a rank must take to be named a straggler.
@@ -125,11 +148,14 @@ class ParallelConfig:
     stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"])
     stop_grace_s: float = 20.0
     tensor_parallel: TensorParallel = field(default_factory=TensorParallel)
+    pipeline_parallel: PipelineParallel = field(default_factory=PipelineParallel)
 
     def __post_init__(self) -> None:
-        # The parser hands the subsection over as a mapping (``Namespace.as_dict``).
+        # The parser hands a subsection over as a mapping (``Namespace.as_dict``).
         if isinstance(self.tensor_parallel, dict):
             self.tensor_parallel = TensorParallel(**self.tensor_parallel)
+        if isinstance(self.pipeline_parallel, dict):
+            self.pipeline_parallel = PipelineParallel(**self.pipeline_parallel)
 
 
 @dataclass(frozen=True)

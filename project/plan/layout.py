@@ -30,14 +30,20 @@ class LaunchMismatchError(UserError):
     """The config asks for another layout than the outside launcher (torchrun, SLURM) started."""
 
 
+#: The mesh's dimensions, outermost first (torchtitan's order): pipeline stages, data-parallel replicas, data-parallel
+#: shards, tensor-parallel splits. Rank ``r`` sits at ``(pp, dp_replicate, dp_shard, tp)`` in row-major order.
+MESH_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "tp")
+
+
 @dataclass(frozen=True)
 class Layout:
-    """The resolved layout: the scenario, devices on each node, nodes, and the parallel degrees.
+    """The resolved layout: the scenario, devices on each node, nodes, and the parallel degrees by name.
 
-    ``dp_replicate x dp_shard x tp`` must equal ``per_node x num_nodes``: DDP replicates over every process
+    ``pp x dp_replicate x dp_shard x tp`` must equal ``per_node x num_nodes``: DDP replicates over every process
     (``dp_shard == 1``), a sharded strategy sets ``dp_shard > 1``, tensor parallelism ``tp > 1`` (the innermost
-    degree, as in torchtitan's ParallelDims: the ``tp`` consecutive ranks of one group share their data).
-    Samplers, the device mesh, the memory table and ``check`` read these degrees, never the world size as a
+    degree, as in torchtitan's ParallelDims: the ``tp`` consecutive ranks of one group share their data), pipeline
+    parallelism ``pp > 1`` (the outermost: stage ``s`` holds ranks ``s * world/pp`` onwards). Samplers, the device
+    mesh, the memory table, seeds, ``check`` and every message ask this value, never the world size as a
     data-parallel size.
     """
 
@@ -48,24 +54,60 @@ class Layout:
     dp_replicate: int
     dp_shard: int = 1
     tp: int = 1
+    pp: int = 1
 
     def __post_init__(self) -> None:
-        if self.dp_replicate * self.dp_shard * self.tp != self.world_size:
+        product = self.pp * self.dp_replicate * self.dp_shard * self.tp
+        if product != self.world_size:
             raise UserError(
-                f"parallel degrees replicate {self.dp_replicate} x shard {self.dp_shard} x tensor {self.tp} = "
-                f"{self.dp_replicate * self.dp_shard * self.tp} do not match the world size {self.world_size} "
+                f"parallel degrees pipeline {self.pp} x replicate {self.dp_replicate} x shard {self.dp_shard} x "
+                f"tensor {self.tp} = {product} do not match the world size {self.world_size} "
                 f"({self.per_node} per node x {self.num_nodes} nodes)"
             )
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel degree: replicas x shards (the ranks that train on different data)."""
+        """Data-parallel degree: replicas x shards (the ranks that train on different data). Computed only here."""
         return self.dp_replicate * self.dp_shard
 
-    @property
-    def degrees(self) -> dict[str, int]:
-        """The degrees by name, for the plan."""
-        return {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp}
+    def size(self, dim: str) -> int:
+        """The degree of one mesh dimension by name (one of :data:`MESH_DIMS`)."""
+        return int(getattr(self, dim))
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Where ``rank`` sits on each dimension of the mesh (row-major over :data:`MESH_DIMS`)."""
+        place: dict[str, int] = {}
+        for dim in reversed(MESH_DIMS):
+            rank, place[dim] = divmod(rank, self.size(dim))
+        return {dim: place[dim] for dim in MESH_DIMS}
+
+    def dp_rank(self, rank: int) -> int:
+        """The data-parallel rank of global ``rank``: a tensor-parallel group and a pipeline's stages share data."""
+        where = self.coordinates(rank)
+        return where["dp_replicate"] * self.dp_shard + where["dp_shard"]
+
+    def pp_rank(self, rank: int) -> int:
+        """The pipeline stage global ``rank`` runs (0 without pipeline parallelism)."""
+        return self.coordinates(rank)["pp"]
+
+    def group_ranks(self, dims: tuple[str, ...]) -> list[list[int]]:
+        """The groups of ranks that differ only along ``dims`` (e.g. ``("dp_replicate", "dp_shard")``: the
+        data-parallel groups; ``("pp",)``: each pipeline), each sorted, in order of their first rank."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for rank in range(self.world_size):
+            where = self.coordinates(rank)
+            key = tuple(where[dim] for dim in MESH_DIMS if dim not in dims)
+            groups.setdefault(key, []).append(rank)
+        return sorted(groups.values())
+
+    def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """The device mesh's sizes and names, outermost first, without the dimensions of degree 1 (at least one)."""
+        kept = [dim for dim in MESH_DIMS if self.size(dim) > 1] or ["dp_replicate"]
+        return tuple(self.size(dim) for dim in kept), tuple(kept)
+
+    def to_dict(self) -> dict[str, int]:
+        """The degrees by name, JSON-ready (``plan.json``'s ``degrees``); never passed between modules."""
+        return {dim: self.size(dim) for dim in MESH_DIMS} | {"dp": self.dp_size}
 
     @property
     def per_node(self) -> int:
