@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from bench import pipeline
 from bench.commands import REPO
 from bench.harness import gpu_available, machine, run_all
 from bench.report import from_json, markdown, plot, to_json
@@ -31,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
         "--chargpt", action="store_true", help="only the character-level GPT's rows (results/chargpt/); with tokens/s"
     )
     parser.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="only the GPT at 2 pipeline stages (1F1B and GPipe), raw pipelining loop and template (results/pipeline/)",
+    )
+    parser.add_argument(
         "--processes",
         type=lambda text: {int(n) for n in text.split(",")},
         default=None,
@@ -47,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         default_out = RESULTS / ("processes-" + "-".join(map(str, sorted(args.processes))))
     if args.chargpt and mode == "full":
         default_out = RESULTS / "chargpt"
+    if args.pipeline and mode == "full":
+        default_out = RESULTS / "pipeline"
     out = (args.out or default_out).resolve()
     work = (args.work or RESULTS / "tmp" / mode).resolve()
     repeats = args.repeats or (1 if args.quick else 3)
@@ -60,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu_note = f"skipped: {gpu_note}"
         print(f"bench ({mode}): {repeats} repeat(s); GPU row: {gpu_note}", flush=True)
         found = rows(args.quick, has_gpu and not args.startup, args.ablate, args.startup, args.chargpt)
+        found = pipeline.rows(args.quick) if args.pipeline else found
         found = [row for row in found if not args.processes or row.processes in args.processes]
         results = run_all(found, repeats, work, args.threads, args.quick, log=lambda line: print(line, flush=True))
         info = machine()

@@ -82,6 +82,9 @@ def template_layout(row: Row) -> list[str]:
     """The template's own parallel config for the row."""
     if row.device == "gpu":
         return ["--config", str(REPO / "configs/parallel/single_gpu.yaml"), "--parallel.precision", "bf16-mixed"]
+    if row.pipeline is not None:  # CPU processes over gloo, cut into stages
+        processes = ["--parallel.scenario", "cpu", "--parallel.devices", str(row.processes)]
+        return [*processes, *row.pipeline.template_args()]
     if row.tensor_parallel > 1:
         base = "configs/parallel/cpu_fsdp.yaml" if row.fsdp else "configs/parallel/cpu_ddp.yaml"
         split = ["--parallel.devices", str(row.processes), "--parallel.tensor_parallel.size", str(row.tensor_parallel)]
@@ -98,8 +101,9 @@ def command(variant: str, row: Row, data: Path, config: Path) -> list[str]:
     python = sys.executable
     workload = row.workload
     if variant == "raw":
-        script = [str(REPO / "bench/raw.py"), "--data", str(data), "--warmup", str(workload.warmup)]
-        script += workload.script_args()
+        name = "bench/raw_pipeline.py" if row.pipeline else "bench/raw.py"
+        script = [str(REPO / name), "--data", str(data), "--warmup", str(workload.warmup)]
+        script += workload.script_args() + (row.pipeline.raw_args() if row.pipeline else [])
         if row.device == "gpu":
             script += ["--device", "cuda", "--bf16"]
         if row.processes == 1:

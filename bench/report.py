@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.commands import LABELS, PER_STEP_CALLBACKS, VARIANTS
 from bench.harness import LatencyResult, RowResult, Run
+from bench.pipeline import Pipeline, pipeline_table
 from bench.record import WINDOW_STEPS
 from bench.tokens import tokens_table
 from bench.workloads import STARTUP_SLACK_S, TARGETS, Row, Workload
@@ -83,6 +84,7 @@ def throughput_table(rows: list[RowResult]) -> list[str]:
 def _short(row: Row) -> str:
     """A plot label: the workload, its processes and its tensor-parallel degree."""
     split = f", tp{row.tensor_parallel}" if row.tensor_parallel > 1 else ""
+    split += f", pp{row.pipeline.stages} {row.pipeline.schedule}" if row.pipeline else ""
     return f"{row.workload.name}, {row.processes}p{split}"
 
 
@@ -272,6 +274,7 @@ def markdown(results: dict[str, Any], machine: dict[str, Any], gpu_note: str, qu
         f"GPU row: {gpu_note}",
         "",
         *tokens_table(rows),
+        *pipeline_table(rows),
         *ablation_table(rows),
         "## Scaling on CPU",
         "",
@@ -354,6 +357,7 @@ def to_json(results: dict[str, Any], machine: dict[str, Any], gpu_note: str) -> 
                 "variants": list(result.row.variants),
                 "tensor_parallel": result.row.tensor_parallel,
                 "fsdp": result.row.fsdp,
+                "pipeline": asdict(result.row.pipeline) if result.row.pipeline else None,
                 "equal_work": same,
                 "equal_work_detail": detail,
                 "runs": [asdict(run) for run in result.runs],
@@ -377,6 +381,7 @@ def from_json(text: str) -> tuple[dict[str, Any], dict[str, Any], str]:
                 tuple(row["variants"]),
                 row.get("tensor_parallel", 1),
                 row.get("fsdp", False),
+                Pipeline(**row["pipeline"]) if row.get("pipeline") else None,
             ),
             [Run(**run) for run in row["runs"]],
             [Run(**run) for run in row.get("retried", [])],

@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
 
 from bench.record import WARMUP_ENV, StepClock, weights_checksum, write_record
 from project.callbacks.dispatch import TRAIN_STEP_HOOKS
@@ -47,12 +48,28 @@ class StepTimer(L.Callback):
         """Rank 0 writes steps/s, first-step time, final loss and weights checksum.
 
         Every rank computes the checksum: sharded parameters (DTensors under fsdp and tensor parallelism) sum
-        with collectives, which rank 0 alone would wait in forever.
+        with collectives, which rank 0 alone would wait in forever, and a pipeline stage holds only its part.
         """
-        checksum = weights_checksum(pl_module)
+        checksum = whole_checksum(pl_module)
         if trainer.is_global_zero and self.clock is not None and self.loss is not None:
             record = self.clock.record(float(self.loss), checksum, world_size=trainer.world_size)
             write_record(record)
+
+
+def whole_checksum(module: torch.nn.Module) -> float:
+    """:func:`~bench.record.weights_checksum` of the whole model, whatever the layout; every rank must call it.
+
+    Each parameter's sum is taken by name on every rank and the names are merged: a pipeline stage holds only its
+    own parameters (under the whole model's names), while DDP replicas and gathered shards hold the same sums under
+    the same names, which count once.
+    """
+    whole = ((name, p.full_tensor() if hasattr(p, "full_tensor") else p) for name, p in module.named_parameters())
+    sums = {name: float(p.detach().double().sum()) for name, p in whole}
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        parts: list[dict[str, float] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, sums)
+        sums = {name: value for part in parts if part for name, value in part.items()}
+    return float(sum(sums.values()))
 
 
 class HookTimer(StepTimer):

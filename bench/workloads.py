@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import chargpt
+
+if TYPE_CHECKING:
+    from bench.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -181,23 +184,28 @@ class Row:
     tensor_parallel: int = 1
     #: With ``tensor_parallel``: FSDP over the data-parallel degree (2-D), instead of one tensor-parallel group.
     fsdp: bool = False
+    #: Pipeline stages, schedule and micro-batches (``bench.pipeline``; None: no pipeline).
+    pipeline: Pipeline | None = None
 
     @property
     def key(self) -> str:
-        """Stable id, e.g. ``small-cpu-2`` or ``chargpt-cpu-4-tp2-fsdp``."""
+        """Stable id, e.g. ``small-cpu-2``, ``chargpt-cpu-4-tp2-fsdp`` or ``chargpt-cpu-2-pp2-1f1b``."""
         split = f"-tp{self.tensor_parallel}{'-fsdp' if self.fsdp else ''}" if self.tensor_parallel > 1 else ""
+        split += self.pipeline.key if self.pipeline else ""
         return f"{self.workload.name}-{self.device}-{self.processes}{split}"
 
     @property
     def data_parallel(self) -> int:
-        """Processes that train on different samples (a tensor-parallel group shares its batch)."""
-        return self.processes // self.tensor_parallel
+        """Processes that train on different samples (a tensor-parallel group and a pipeline share their batch)."""
+        return self.processes // self.tensor_parallel // (self.pipeline.stages if self.pipeline else 1)
 
     @property
     def title(self) -> str:
         """What the table calls it."""
         where = "1 GPU, bf16-mixed" if self.device == "gpu" else f"CPU, {self.processes} process"
-        if self.device == "cpu" and self.tensor_parallel > 1:
+        if self.pipeline is not None:
+            where += f"es ({self.pipeline.title})"
+        elif self.device == "cpu" and self.tensor_parallel > 1:
             tp = f"TP {self.tensor_parallel}"
             where += f"es ({f'FSDP {self.data_parallel} x {tp}' if self.fsdp else tp}, gloo)"
         elif self.device == "cpu" and self.processes > 1:
