@@ -158,10 +158,9 @@ def memory_estimate(cli: ProjectCLI, plan: Plan) -> dict[str, Any] | None:
         cli.model,
         section.as_dict() if hasattr(section, "as_dict") else section,
         planned=plan.row.memory,
-        degrees=plan.degrees,
-        per_node=plan.world_size // plan.num_nodes,
-        sharding=settings.sharding,
-        cpu_offload=settings.cpu_offload,
+        layout=plan.layout,
+        sharding=settings.fsdp.sharding,
+        cpu_offload=settings.fsdp.cpu_offload,
         precision=plan.precision,
         tensor_split=tensor_split_bytes(cli.model, tensor_styles(cli, plan)),
     )
@@ -169,7 +168,7 @@ def memory_estimate(cli: ProjectCLI, plan: Plan) -> dict[str, Any] | None:
 
 def tensor_styles(cli: ProjectCLI, plan: Plan) -> dict[str, str]:
     """The tensor-parallel plan resolved on the built model (``{}`` without one); one that cannot apply refuses."""
-    tp = plan.degrees.get("tp", 1)
+    tp = plan.layout.tp
     if tp == 1 or cli.model is None:
         return {}
     assert cli.plan_inputs is not None
@@ -190,10 +189,10 @@ def print_plan(cli: ProjectCLI) -> None:
     # What fit would refuse before starting, plan refuses alike (the plan of a run that cannot start misleads).
     refuse_manual_accumulation(cli.model, plan.accumulation, cli.plan_inputs[0], plan)
     data = plan.to_dict()
-    data["strategy"].update(plan_units(plan.scenario, plan.strategy, cli.model, cli.plan_inputs[0].wrap_modules))
+    data["strategy"].update(plan_units(plan.scenario, plan.strategy, cli.model, cli.plan_inputs[0].fsdp.wrap_modules))
     styles = tensor_styles(cli, plan)
     if styles:
-        data["strategy"]["tensor_parallel"] = {"size": plan.degrees["tp"], "modules": styles}
+        data["strategy"]["tensor_parallel"] = {"size": plan.layout.tp, "modules": styles}
     limits = plan_limits(cli, plan, loader)
     data["limits"] = limits_json(limits)
     if cli.config.get("parallel") is None:

@@ -5,7 +5,7 @@
   step, from every rank, with a hint naming a Lightning strategy the ``parallel`` section refuses.
   :class:`UnusedParametersCheck` looks once, after the first backward and before the first optimizer
   step, so the refused run leaves nothing behind, and names the parameters and
-  ``parallel.find_unused_parameters``. Later steps are covered by :mod:`project.parallel.failures`.
+  ``parallel.ddp.find_unused_parameters``. Later steps are covered by :mod:`project.parallel.failures`.
 - Manual optimization (``automatic_optimization = False``) with gradient accumulation, which Lightning
   refuses at ``fit`` naming ``Trainer(accumulate_grad_batches=N)``, a setting the plan wrote:
   :func:`refuse_manual_accumulation` refuses it before any process starts, naming the ``parallel`` setting.
@@ -114,11 +114,11 @@ def refuse_manual_accumulation(
         setting, fix = f"trainer.accumulate_grad_batches={accumulation}", "drop trainer.accumulate_grad_batches"
     elif settings.accumulation is not None:
         setting, fix = f"parallel.accumulation={accumulation}", "set parallel.accumulation: 1"
-    else:  # decided by global_batch_size over per_device_batch_size x world size
-        one_step = (plan.per_device_batch_size or 0) * plan.world_size
+    else:  # decided by global_batch_size over per_device_batch_size x the data-parallel size
+        one_step = (plan.per_device_batch_size or 0) * plan.dp_size
         setting = (
             f"parallel.global_batch_size={plan.global_batch_size} (per_device_batch_size {plan.per_device_batch_size}"
-            f" x world size {plan.world_size} x accumulation {accumulation})"
+            f" x {plan.layout.dp_size_name} {plan.dp_size} x accumulation {accumulation})"
         )
         fix = f"set parallel.global_batch_size: {one_step} (or drop per_device_batch_size)"
     raise UserError(

@@ -73,8 +73,8 @@ class ReplicaGuard(L.Callback):
         world = process_group_size()
         if self.plan is None:  # a strategy given as trainer.strategy: its layout is unknown when it shards
             return ReplicaRows(rows=world if sharded else 1, world=world)
-        degrees = self.plan.degrees
-        return ReplicaRows.of(world, degrees.get("dp_shard", 1), degrees.get("tp", 1), sharded)
+        layout = self.plan.layout
+        return ReplicaRows.of(world, layout.dp_shard, layout.tp, sharded)
 
     def check(self, trainer: L.Trainer, when: str) -> None:
         """Raise :class:`ReplicasDivergedError` when the replicas differ; once per optimizer step.

@@ -42,7 +42,8 @@ def check_resumable(resuming: dict[str, Any] | None, plan: Plan | None) -> None:
     if saved is not None and plan is not None and plan.global_batch_size not in (None, saved):
         raise UserError(
             f"the checkpoint was trained with global batches of {saved} samples, this run's would be "
-            f"{plan.global_batch_size} ({plan.per_device_batch_size} per process x {plan.world_size}): the "
+            f"{plan.global_batch_size} ({plan.per_device_batch_size} per process x {plan.layout.dp_size_name} "
+            f"{plan.dp_size}): the "
             f"data order could not continue; resume with --parallel.global_batch_size {saved}, or start a "
             "new training from its weights with --model.init_args.weights"
         )

@@ -18,6 +18,7 @@ from project.check.report import CheckReport
 from project.errors import RunFailure, UserError
 from project.parallel.collectives import gather_objects, process_group_size
 from project.parallel.failures import defer_to_rank_zero
+from project.parallel.strategies import layout_of
 
 #: The fire drill: ``PROJECT_CHECK_FAULT=RANK:exit`` makes that rank exit before it joins,
 #: ``RANK:value`` makes it send a wrong value; a way to see what a failure looks like.
@@ -76,8 +77,8 @@ class SelfCheckCallback(L.Callback):
             report.failures.append(f"the all-reduce summed to {got:g}, not {expected:g}: the reduction is broken")
         report.barrier_wait_s = [float(w) for w in gather_objects(probes.barrier_wait(self.timeout_s))]
         report.bandwidth = probes.all_reduce_bandwidth(device)
-        mesh = getattr(trainer.strategy, "device_mesh", None)  # a model-parallel strategy's (dp, tp) mesh
-        tensor_mesh = mesh if mesh is not None and mesh["tensor_parallel"].size() > 1 else None
+        # under tensor parallelism the strategy's (dp, tp) mesh splits the tiny model as the run's layout does
+        tensor_mesh = trainer.strategy.device_mesh if layout_of(trainer).tp > 1 else None
         difference = invariance.weight_difference(device, tensor_mesh)
         report.weight_difference = [float(d) for d in gather_objects(difference)]
         report.parallel_weights = "TP" if tensor_mesh is not None else "DDP"

@@ -15,6 +15,7 @@ from project.models.generate import complete
 from project.models.hparams import save_config_hyperparameters
 from project.models.step_logging import is_logged_step, log_on_logged_steps
 from project.models.token_rate import TokenRate
+from project.parallel.strategies import layout_of
 
 Batch = tuple[Tensor, Tensor]
 
@@ -84,17 +85,21 @@ class LanguageModel(L.LightningModule):
                 "give both the same block_size"
             )
 
+    def pipeline_loss(self, logits: Tensor, target: Tensor) -> Tensor:
+        """Mean cross-entropy per token.
+
+        Every step's loss, and what a pipeline's last stage computes per micro-batch (docs/parallel.md,
+        "Pipeline parallelism").
+        """
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
     def _loss(self, batch: Batch) -> Tensor:
         x, y = batch
-        logits = self.net(x)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        return self.pipeline_loss(self.net(x), y)
 
     def on_train_start(self) -> None:
-        """Count the processes that train different samples: a tensor-parallel group shares its batch."""
-        mesh = self.device_mesh  # set by a model-parallel strategy (fsdp, tensor_parallel); None under DDP
-        names = (mesh.mesh_dim_names or ()) if mesh is not None else ()
-        shared = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
-        self._data_parallel = max(self.trainer.world_size // shared, 1)
+        """Count the processes that train different samples: a tensor-parallel group or a pipeline shares its batch."""
+        self._data_parallel = layout_of(self.trainer).dp_size
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         """Count the step's tokens, every data-parallel process's (the shape is on the host: no sync)."""
@@ -108,7 +113,10 @@ class LanguageModel(L.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Log ``train/loss`` and ``train/tokens_per_s`` on the steps whose metrics the Trainer writes."""
-        log_on_logged_steps(self, "train/loss", self._train_loss, prog_bar=True)
+        loss = self._train_loss
+        if loss is None and isinstance(outputs, dict):  # a pipeline's schedule ran the step, not training_step
+            loss = outputs.get("loss")
+        log_on_logged_steps(self, "train/loss", loss, prog_bar=True)
         if is_logged_step(self.trainer):  # a report starts a new window: only on the steps that are written
             rate = self._rate.report()
             if rate is not None:

@@ -4,7 +4,7 @@ The strategy is Lightning's FSDP2-based :class:`~lightning.pytorch.strategies.Mo
 mesh, launcher, process group), except that the module need not write ``configure_model``: the strategy applies
 ``torch.distributed.fsdp.fully_shard`` itself, from the plan, and points the optimizers LightningCLI built
 before sharding at the sharded parameters. Its checkpoints are atomic sharded folders read under the project's
-pickle policy (:mod:`project.checkpoints.sharded`), written in the background unless ``parallel.async_save`` is
+pickle policy (:mod:`project.checkpoints.sharded`), written in the background unless ``parallel.fsdp.async_save`` is
 false (:mod:`project.checkpoints.sharded_async`); every rank starts from rank 0's weights, as under DDP;
 gradient accumulation reduces on the last micro-batch only; an evaluation whose exactly-once shards give the
 ranks different numbers of batches runs on parameters gathered once (FSDP's per-forward gathers would hang).
@@ -48,6 +48,7 @@ from project.parallel.fsdp_sharding import (
 )
 from project.parallel.fsdp_units import resolve_wrap_classes
 from project.parallel.tensor_parallel import apply_tensor_parallel
+from project.plan.layout import Layout
 from project.plan.tensor_plan import resolve_tensor_plan
 
 if TYPE_CHECKING:
@@ -198,28 +199,28 @@ class FullyShardStrategy(ShardedCheckpoints, ModelParallelStrategy):
     on_predict_end = on_validation_end
 
 
-def build(args: dict[str, Any], backend: str | None, degrees: dict[str, int]) -> FullyShardStrategy:
+def build(args: dict[str, Any], backend: str | None, layout: Layout) -> FullyShardStrategy:
     """The row's builder: :class:`FullyShardStrategy` with the plan's arguments and the layout's degrees."""
     return FullyShardStrategy(
-        sharding=args["sharding"],
-        cpu_offload=args["cpu_offload"],
-        wrap_modules=args["wrap_modules"],
+        sharding=args["fsdp"]["sharding"],
+        cpu_offload=args["fsdp"]["cpu_offload"],
+        wrap_modules=args["fsdp"]["wrap_modules"],
         process_group_backend=backend,
         timeout=timedelta(seconds=args["timeout_s"]),
-        data_parallel=degrees["dp_replicate"] * degrees["dp_shard"],
-        tensor_parallel=degrees.get("tp", 1),
+        data_parallel=layout.dp_size,
+        tensor_parallel=layout.tp,
         tensor_plan=args.get("tensor_parallel_plan", "auto"),
-        async_save=args["async_save"],
+        async_save=args["fsdp"]["async_save"],
     )
 
 
-def build_tensor_parallel(args: dict[str, Any], backend: str | None, degrees: dict[str, int]) -> FullyShardStrategy:
+def build_tensor_parallel(args: dict[str, Any], backend: str | None, layout: Layout) -> FullyShardStrategy:
     """The ``tensor_parallel`` row's builder: the same strategy, every process one tensor-parallel group."""
     return FullyShardStrategy(
         process_group_backend=backend,
         timeout=timedelta(seconds=args["timeout_s"]),
         data_parallel=1,
-        tensor_parallel=degrees["tp"],
+        tensor_parallel=layout.tp,
         tensor_plan=args["tensor_parallel_plan"],
-        async_save=args["async_save"],
+        async_save=args["fsdp"]["async_save"],
     )

@@ -1,8 +1,8 @@
 """The Trainer's strategy built from the plan's row, inside the ranks (the table itself is pure: ``project.plan``).
 
 A row names its builder by import path (``module:function``); the builder gets the arguments the plan shows, the
-process-group backend and the layout's degrees. Callbacks, checkpoints and export ask :func:`row_of` what the
-running strategy does instead of sniffing its wrappers.
+process-group backend and the plan's :class:`~project.plan.layout.Layout`. Callbacks, checkpoints and export ask
+:func:`row_of` what the running strategy does, and :func:`layout_of` its degrees, instead of sniffing wrappers.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from torch.nn.parallel import DistributedDataParallel
 
 from project.dotted import import_object
+from project.plan.layout import Layout
 from project.plan.resolve import Plan
 from project.plan.strategies import STRATEGIES, StrategyRow
 
@@ -21,8 +22,9 @@ from project.plan.strategies import STRATEGIES, StrategyRow
 #: match in its class's method resolution order); any other strategy shards nothing.
 LIGHTNING_ROWS = {"ModelParallelStrategy": "fsdp", "DDPStrategy": "ddp", "SingleDeviceStrategy": "single_device"}
 UNSHARDED = STRATEGIES["ddp"]
-#: The attribute a strategy built from a row carries its row name in.
+#: The attribute a strategy built from a row carries its row name in, and the one it carries its layout in.
 ROW_ATTRIBUTE = "project_strategy_row"
+LAYOUT_ATTRIBUTE = "project_layout"
 
 
 def ddp_buffer_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
@@ -37,7 +39,7 @@ def ddp_buffer_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
     return {name: broadcast_buffers}
 
 
-def build_auto(args: dict[str, Any], backend: str | None, degrees: dict[str, int]) -> Any:
+def build_auto(args: dict[str, Any], backend: str | None, layout: Layout) -> Any:
     """One process: Lightning picks the single-device strategy for the accelerator and device given."""
     return "auto"
 
@@ -45,7 +47,8 @@ def build_auto(args: dict[str, Any], backend: str | None, degrees: dict[str, int
 def ddp_kwargs(args: dict[str, Any], backend: str | None) -> dict[str, Any]:
     """Lightning ``DDPStrategy`` keyword arguments from the plan's DDP arguments."""
     kwargs = dict(args)
-    kwargs.update(ddp_buffer_kwargs(kwargs.pop("broadcast_buffers")))
+    ddp = kwargs.pop("ddp")  # the parallel.ddp subsection: DDP's flags
+    kwargs.update(find_unused_parameters=ddp["find_unused_parameters"], **ddp_buffer_kwargs(ddp["broadcast_buffers"]))
     return {
         "process_group_backend": backend,
         "timeout": timedelta(seconds=kwargs.pop("timeout_s")),
@@ -54,7 +57,7 @@ def ddp_kwargs(args: dict[str, Any], backend: str | None) -> dict[str, Any]:
     }
 
 
-def build_ddp(args: dict[str, Any], backend: str | None, degrees: dict[str, int]) -> Any:
+def build_ddp(args: dict[str, Any], backend: str | None, layout: Layout) -> Any:
     """Lightning's ``DDPStrategy`` (data parallel over every process)."""
     from lightning.pytorch.strategies import DDPStrategy
 
@@ -66,9 +69,10 @@ def build_strategy(plan: Plan) -> Any:
 
     For a launcher Lightning does not detect, the strategy gets the cluster environment that reads its ranks.
     """
-    strategy = import_object(plan.row.build)(plan.strategy_args, plan.backend, plan.degrees)
+    strategy = import_object(plan.row.build)(plan.strategy_args, plan.backend, plan.layout)
     if not isinstance(strategy, str):
         setattr(strategy, ROW_ATTRIBUTE, plan.strategy)
+        setattr(strategy, LAYOUT_ATTRIBUTE, plan.layout)
         if plan.cluster_environment is not None:
             strategy.cluster_environment = import_object(plan.cluster_environment)()
     return strategy
@@ -105,3 +109,22 @@ def row_of(strategy: Any) -> StrategyRow:
 def built_from_plan(strategy: Any) -> bool:
     """Whether ``strategy`` was built from a row of the plan (the ``parallel`` section), not given by the user."""
     return getattr(strategy, ROW_ATTRIBUTE, None) in STRATEGIES
+
+
+def layout_of(trainer: Any) -> Layout:
+    """The running layout: the plan's when the template built the strategy, else read from Lightning's strategy.
+
+    A strategy given as ``trainer.strategy`` (``parallel: null``) is data parallel over every process, but for the
+    tensor-parallel dimension of a Lightning ``ModelParallelStrategy``'s device mesh.
+    """
+    strategy = trainer.strategy
+    layout = getattr(strategy, LAYOUT_ATTRIBUTE, None)
+    if isinstance(layout, Layout):
+        return layout
+    mesh = getattr(strategy, "device_mesh", None)
+    names = (mesh.mesh_dim_names or ()) if mesh is not None else ()
+    tp = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
+    world, nodes = max(trainer.world_size, 1), max(trainer.num_nodes, 1)
+    return Layout(
+        "trainer.strategy", str(trainer.accelerator.__class__.__name__), world // nodes, nodes, world // tp, tp=tp
+    )

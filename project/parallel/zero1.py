@@ -25,6 +25,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from project.errors import UserError
 from project.parallel.strategies import ddp_kwargs
+from project.plan.layout import Layout
 
 #: Arguments the plan shows that describe the strategy rather than configure Lightning's DDPStrategy.
 SHOWN_ONLY = ("optimizer_state", "checkpoint")
@@ -132,7 +133,7 @@ class ZeroOneStrategy(DDPStrategy):
             _repoint(config.scheduler, replaced)
 
 
-def build(args: dict[str, Any], backend: str | None, degrees: dict[str, int]) -> ZeroOneStrategy:
+def build(args: dict[str, Any], backend: str | None, layout: Layout) -> ZeroOneStrategy:
     """The row's builder: :class:`ZeroOneStrategy` with the plan's DDP arguments.
 
     ZeRO shards over the default process group, every rank: the zero1 layout is data parallel only.

@@ -1,4 +1,4 @@
-"""The batch math in one place: per-device batch x world size x accumulation = global batch.
+"""The batch math in one place: per-device batch x data-parallel size x accumulation = global batch.
 
 Any two of (global batch, per-device batch, accumulation) decide the third, at the plan's world size;
 what is not given comes from the training loader's own ``batch_size`` (per device under ddp/cpu, global
@@ -12,7 +12,9 @@ from typing import Any
 
 from project.errors import UserError
 from project.plan.config import ParallelConfig
+from project.plan.layout import Layout
 from project.plan.micro_batch import AUTO, micro_batch_candidates, per_device_request
+from project.plan.scenarios import SCENARIOS
 
 
 @dataclass(frozen=True)
@@ -42,10 +44,10 @@ def _split(global_: int, parts: int, name: str, what: str) -> int:
 
 
 def resolve_batch(
-    scenario: str,
+    data_batch_is_global: bool,
     global_batch_size: int | None,
     data_batch_size: int | None,
-    world_size: int,
+    dp_size: int,
     per_device_batch_size: int | None = None,
     accumulation: int | None = None,
     size_name: str = "world size",
@@ -58,22 +60,23 @@ def resolve_batch(
     keep; it divides that into micro-batches (:meth:`project.plan.resolve.Plan.with_micro_batch`).
 
     Args:
-        scenario: The resolved scenario (``dp`` splits the data batch instead of multiplying it).
+        data_batch_is_global: The scenario reads the loader's batch as global and splits it (``dp``), instead of
+            multiplying it by the data-parallel size.
         global_batch_size: ``parallel.global_batch_size``.
         data_batch_size: The batch size of the training loader the datamodule returns.
-        world_size: The data-parallel size: processes that train on different data (all of them, unless tensor
-            parallel groups share theirs).
+        dp_size: The data-parallel size: processes that train on different data (all of them, unless tensor
+            parallel groups or pipeline stages share theirs).
         per_device_batch_size: ``parallel.per_device_batch_size``: what fits on one device.
         accumulation: ``parallel.accumulation``: micro-batches per optimizer step.
-        size_name: What messages call ``world_size`` ("data-parallel size" under tensor parallelism).
+        size_name: What messages call ``dp_size`` ("data-parallel size" under model parallelism).
         micro_batch: ``parallel.micro_batch``: another name of ``per_device_batch_size``, or ``auto``.
 
     Raises:
         UserError: a size below 1, numbers that do not divide, or three numbers that disagree.
     """
     per_device_batch_size, accumulation, auto = per_device_request(per_device_batch_size, micro_batch, accumulation)
-    if auto and global_batch_size is None and scenario != "dp" and data_batch_size is not None:
-        global_batch_size = data_batch_size * world_size  # the global batch as without auto: one data batch each
+    if auto and global_batch_size is None and not data_batch_is_global and data_batch_size is not None:
+        global_batch_size = data_batch_size * dp_size  # the global batch as without auto: one data batch each
     given = (
         ("parallel.global_batch_size", global_batch_size),
         ("parallel.per_device_batch_size", per_device_batch_size),
@@ -83,38 +86,36 @@ def resolve_batch(
     for name, value in given:
         if value is not None and value < 1:
             raise UserError(f"{name}={value} must be >= 1")
-    from_data = global_batch_size is None and scenario == "dp" and per_device_batch_size is None
+    from_data = global_batch_size is None and data_batch_is_global and per_device_batch_size is None
     if from_data:
         global_batch_size = data_batch_size  # DataParallel's meaning: the loader's batch is split
     if global_batch_size is None:
         per_device = per_device_batch_size if per_device_batch_size is not None else data_batch_size
         accumulation = accumulation or 1
-        return BatchSizes(
-            per_device, None if per_device is None else per_device * world_size * accumulation, accumulation
-        )
+        return BatchSizes(per_device, None if per_device is None else per_device * dp_size * accumulation, accumulation)
     name = "data batch_size (global under dp)" if from_data else "parallel.global_batch_size"
-    return _from_global(global_batch_size, name, world_size, per_device_batch_size, accumulation, size_name)
+    return _from_global(global_batch_size, name, dp_size, per_device_batch_size, accumulation, size_name)
 
 
 def _from_global(
-    global_: int, name: str, world_size: int, per_device: int | None, accumulation: int | None, size_name: str
+    global_: int, name: str, dp_size: int, per_device: int | None, accumulation: int | None, size_name: str
 ) -> BatchSizes:
     """(per-device, global, accumulation) when the global batch is given: the other two divide it."""
     if per_device is not None and accumulation is not None:
-        if per_device * world_size * accumulation != global_:
+        if per_device * dp_size * accumulation != global_:
             raise UserError(
                 f"parallel.global_batch_size={global_} is not per_device_batch_size "
-                f"{per_device} x {size_name} {world_size} x accumulation {accumulation} "
-                f"(= {per_device * world_size * accumulation}); give two of the three"
+                f"{per_device} x {size_name} {dp_size} x accumulation {accumulation} "
+                f"(= {per_device * dp_size * accumulation}); give two of the three"
             )
         return BatchSizes(per_device, global_, accumulation)
     if per_device is not None:
-        per_step = per_device * world_size
-        what = f"per_device_batch_size {per_device} x {size_name} {world_size} = {per_step}"
+        per_step = per_device * dp_size
+        what = f"per_device_batch_size {per_device} x {size_name} {dp_size} = {per_step}"
         return BatchSizes(per_device, global_, _split(global_, per_step, name, what))
     accumulation = accumulation or 1
-    what = f"the {size_name} {world_size}" + (f" x accumulation {accumulation}" if accumulation > 1 else "")
-    return BatchSizes(_split(global_, world_size * accumulation, name, what), global_, accumulation)
+    what = f"the {size_name} {dp_size}" + (f" x accumulation {accumulation}" if accumulation > 1 else "")
+    return BatchSizes(_split(global_, dp_size * accumulation, name, what), global_, accumulation)
 
 
 def lr_factor(rule: str, global_batch_size: int | None, reference_batch_size: int | None) -> float | None:
@@ -165,23 +166,23 @@ class BatchRequest:
 
 
 def batch_fields(
-    scenario: str, degrees: dict[str, int], request: BatchRequest, data_batch_size: int | None
+    layout: Layout, request: BatchRequest, data_batch_size: int | None
 ) -> tuple[dict[str, Any], list[str]]:
     """The plan's batch and learning-rate fields for ``data_batch_size``, and the notes that explain them."""
-    dp_size = degrees["dp_replicate"] * degrees["dp_shard"]
-    size_name = "world size" if degrees.get("tp", 1) == 1 else "data-parallel size"
+    size_name = layout.dp_size_name
+    scenario = SCENARIOS[layout.scenario]
     batch = resolve_batch(
-        scenario,
+        scenario.data_batch_is_global,
         request.global_batch_size,
         data_batch_size,
-        dp_size,
+        layout.dp_size,
         request.per_device_batch_size,
         request.accumulation,
         size_name,
         request.micro_batch,
     )
     notes: list[str] = []
-    if scenario == "dp" and batch.global_ is not None:
+    if scenario.data_batch_is_global and batch.global_ is not None:
         notes.append(
             "dp runs as DDP (Lightning removed DataParallel): one process per GPU instead of threads; "
             f"the global batch {batch.global_} is split into {batch.per_device} per GPU, as DataParallel's scatter did"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from project.errors import UserError
 from project.plan.config import Hardware, ParallelConfig
+from project.plan.degrees import pipeline_degree, tensor_degree
 from project.plan.devices import DeviceRequest, cpu_processes, gpu_ids, parse_devices
 from project.plan.environment import LaunchEnvironment
 from project.plan.scenarios import SCENARIOS
@@ -70,6 +71,11 @@ class Layout:
         """Data-parallel degree: replicas x shards (the ranks that train on different data). Computed only here."""
         return self.dp_replicate * self.dp_shard
 
+    @property
+    def dp_size_name(self) -> str:
+        """What messages call the data-parallel size: the world size, unless model parallelism shares data."""
+        return "world size" if self.dp_size == self.world_size else "data-parallel size"
+
     def size(self, dim: str) -> int:
         """The degree of one mesh dimension by name (one of :data:`MESH_DIMS`)."""
         return int(getattr(self, dim))
@@ -91,8 +97,10 @@ class Layout:
         return self.coordinates(rank)["pp"]
 
     def group_ranks(self, dims: tuple[str, ...]) -> list[list[int]]:
-        """The groups of ranks that differ only along ``dims`` (e.g. ``("dp_replicate", "dp_shard")``: the
-        data-parallel groups; ``("pp",)``: each pipeline), each sorted, in order of their first rank."""
+        """The groups of ranks that differ only along ``dims``, each sorted, in order of their first rank.
+
+        ``("dp_replicate", "dp_shard")``: the data-parallel groups; ``("pp",)``: each pipeline's stages.
+        """
         groups: dict[tuple[int, ...], list[int]] = {}
         for rank in range(self.world_size):
             where = self.coordinates(rank)
@@ -152,9 +160,9 @@ def _gpu_devices(
     scenario: str, request: DeviceRequest, hardware: Hardware, environment: LaunchEnvironment
 ) -> list[int]:
     ids = gpu_ids(request, hardware.gpus)
-    if scenario == "single":
+    if SCENARIOS[scenario].max_gpus == 1:
         if ids is not None and len(ids) != 1:
-            raise UserError(f"parallel.devices={request.raw!r} lists {len(ids)} GPUs; 'single' takes one")
+            raise UserError(f"parallel.devices={request.raw!r} lists {len(ids)} GPUs; {scenario!r} takes one")
         ids = ids or [0]
     if environment.external:
         local = environment.local_world_size
@@ -195,9 +203,10 @@ def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: Laun
         devices, accelerator = count or 1, "cpu"
     else:
         devices, accelerator = _gpu_devices(scenario, request, hardware, environment), "gpu"
-    if scenario == "dp" and num_nodes != 1:
+    if SCENARIOS[scenario].max_nodes is not None and num_nodes > SCENARIOS[scenario].max_nodes:
         raise UserError(
-            f"parallel.num_nodes={num_nodes} with scenario 'dp': DataParallel is one machine; use scenario 'ddp'"
+            f"parallel.num_nodes={num_nodes} with scenario {scenario!r}: DataParallel is one machine; use "
+            "scenario 'ddp'"
         )
     per_node = len(devices) if isinstance(devices, list) else devices
     world_size = per_node * num_nodes
@@ -207,48 +216,9 @@ def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: Laun
             f"set WORLD_SIZE={environment.world_size}; make parallel.devices x parallel.num_nodes match"
         )
     tp = tensor_degree(config, scenario, world_size)
-    if scenario == "fsdp":  # sharded over every process, or (hybrid) within a node and replicated across nodes
-        replicate = num_nodes if config.sharding == "hybrid" else 1
-        shard = world_size // (replicate * tp)
-        return Layout(scenario, accelerator, devices, num_nodes, replicate, dp_shard=shard, tp=tp)
-    return Layout(scenario, accelerator, devices, num_nodes, dp_replicate=world_size // tp, tp=tp)
-
-
-#: The scenarios tensor parallelism composes with: one tensor-parallel group (every process), or 2-D under fsdp.
-TENSOR_PARALLEL_SCENARIOS = ("cpu", "ddp", "fsdp")
-
-
-def tensor_degree(config: ParallelConfig, scenario: str, world_size: int) -> int:
-    """``parallel.tensor_parallel.size``, checked against the scenario and the world size.
-
-    Raises:
-        UserError: a size below 1, one that does not divide the world size, a scenario it does not compose with,
-            or data parallelism beside it outside ``fsdp`` (2-D is FSDP x TP).
-    """
-    tp = config.tensor_parallel.size
-    if tp < 1:
-        raise UserError(f"parallel.tensor_parallel.size={tp} must be >= 1 (1: no tensor parallelism)")
-    if tp == 1:
-        return 1
-    if scenario not in TENSOR_PARALLEL_SCENARIOS:
-        raise UserError(
-            f"parallel.tensor_parallel.size={tp} with scenario {scenario!r}: tensor parallelism runs with scenario "
-            f"{', '.join(repr(name) for name in TENSOR_PARALLEL_SCENARIOS)}; change the scenario or set size 1"
-        )
-    if world_size % tp:
-        raise UserError(
-            f"parallel.tensor_parallel.size={tp} does not divide the world size {world_size}; use a divisor of "
-            f"{world_size} or change parallel.devices / num_nodes"
-        )
-    if scenario == "fsdp" and config.sharding == "hybrid":
-        raise UserError(
-            f"parallel.tensor_parallel.size={tp} with parallel.sharding 'hybrid': 2-D runs with sharding 'full' "
-            "or 'grad_op'; change parallel.sharding"
-        )
-    if scenario != "fsdp" and world_size != tp:
-        raise UserError(
-            f"parallel.tensor_parallel.size={tp} on {world_size} processes leaves {world_size // tp} data-parallel "
-            f"groups, which scenario {scenario!r} cannot combine with tensor parallelism; use scenario 'fsdp' "
-            f"(2-D: FSDP x TP) or parallel.tensor_parallel.size {world_size}"
-        )
-    return tp
+    pp = pipeline_degree(config, scenario, world_size, tp)
+    data_parallel = world_size // (tp * pp)
+    if SCENARIOS[scenario].data_parallel == "shard":  # over every process, or (hybrid) within a node
+        replicate = num_nodes if config.fsdp.sharding == "hybrid" else 1
+        return Layout(scenario, accelerator, devices, num_nodes, replicate, data_parallel // replicate, tp, pp)
+    return Layout(scenario, accelerator, devices, num_nodes, dp_replicate=data_parallel, tp=tp, pp=pp)

@@ -29,6 +29,7 @@ from typing import Any
 
 from torch import nn
 
+from project.plan.layout import Layout
 from project.plan.optimizer_count import OptimizerCount, count_optimizer, tensor_bytes
 
 NOT_COUNTED = (
@@ -146,8 +147,7 @@ def estimate(
     optimizer_section: Mapping[str, Any] | None,
     *,
     planned: str,
-    degrees: Mapping[str, int],
-    per_node: int,
+    layout: Layout,
     sharding: str,
     cpu_offload: bool,
     precision: str,
@@ -159,22 +159,20 @@ def estimate(
         model: The built LightningModule (or any module).
         optimizer_section: The config's ``optimizer:`` section (``class_path``/``init_args``), if any.
         planned: ``ddp``, ``zero1`` or ``fsdp``: which of them the plan runs (its strategy row's ``memory``).
-        degrees: The layout's degrees (``dp_replicate``, ``dp_shard``, ``tp``): the state is divided over the
-            data-parallel ranks, never over the world size.
-        per_node: Processes per node (``hybrid`` shards within a node).
+        layout: The plan's layout: the state is divided over its data-parallel ranks, never over the world size
+            (``hybrid`` shards within a node).
         sharding: fsdp's ``full``, ``grad_op`` or ``hybrid``.
         cpu_offload: fsdp keeps the sharded state in host memory.
         precision: The plan's precision (mixed precision keeps float32 state: said, not counted twice; 64
             doubles every byte).
         tensor_split: Bytes of the parameters (all, trainable) the tensor-parallel plan splits ``tp`` ways.
     """
+    tp, dp_size = layout.tp, layout.dp_size
     count, optimizer = as_trained(
-        ModelCount.of(model), count_optimizer(model, optimizer_section), precision, tensor_split, degrees.get("tp", 1)
+        ModelCount.of(model), count_optimizer(model, optimizer_section), precision, tensor_split, tp
     )
-    dp_size = degrees["dp_replicate"] * degrees["dp_shard"]
     # The plan's own shard degree when it runs fsdp; else what fsdp would shard over on this layout.
-    tp = degrees.get("tp", 1)
-    fsdp_shard = degrees["dp_shard"] if planned == "fsdp" else shard_degree(sharding, dp_size, per_node // tp)
+    fsdp_shard = layout.dp_shard if planned == "fsdp" else shard_degree(sharding, dp_size, layout.per_node // tp)
     mixed = f"; {precision} keeps float32 parameters, gradients and optimizer state" if "mixed" in precision else ""
     mixed += f"; tensor parallel {tp} divides the split layers first" if tp > 1 else ""
     mixed += "; float64 (precision 64)" if precision == "64" else ""

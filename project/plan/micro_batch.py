@@ -7,6 +7,8 @@ Pure batch arithmetic for :mod:`project.plan.batch`; the search itself runs in t
 from __future__ import annotations
 
 from project.errors import UserError
+from project.plan.config import ParallelConfig
+from project.plan.strategies import StrategyRow
 
 #: ``parallel.micro_batch``'s value that searches the largest micro-batch that fits (project.parallel.micro_batch).
 AUTO = "auto"
@@ -55,3 +57,28 @@ def per_device_request(
             "names of one setting with two values; keep one"
         )
     return micro_batch if micro_batch is not None else per_device_batch_size, accumulation, False
+
+
+def refuse_auto(config: ParallelConfig, row: StrategyRow) -> None:
+    """``micro_batch: auto`` only where a micro-batch's step needs no collective, and without a loss scaler.
+
+    A sharded step gathers and reduces inside the forward and backward, so a rank out of memory there would leave
+    the others waiting. ``16-mixed`` scales each backward's loss by a GradScaler, which the template's own split
+    of a step into micro-batches does not apply.
+
+    Raises:
+        UserError: ``auto`` under a strategy that shards parameters or optimizer state, or with ``16-mixed``.
+    """
+    if config.micro_batch != AUTO:
+        return
+    if row.shards_parameters or row.shards_optimizer_state:
+        raise UserError(
+            f"parallel.micro_batch='auto' is for scenarios whose micro-batches run without collectives (cpu, ddp, "
+            f"dp, single); scenario {config.scenario!r} shards across processes: set parallel.micro_batch to a number"
+        )
+    if config.precision == "16-mixed":
+        raise UserError(
+            "parallel.micro_batch='auto' with parallel.precision='16-mixed': the float16 loss scaler is not applied "
+            "to the micro-batches the template splits a step into; use precision bf16-mixed, or set "
+            "parallel.micro_batch to a number"
+        )

@@ -21,13 +21,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from project.errors import UserError
 from project.plan.batch import BatchRequest, batch_fields
 from project.plan.config import Hardware, ParallelConfig, refuse_unknown_choices
 from project.plan.environment import LaunchEnvironment, requested_launcher
 from project.plan.launch_notes import describe_launch
-from project.plan.layout import LaunchMismatchError, resolve_layout
-from project.plan.micro_batch import AUTO
+from project.plan.layout import LaunchMismatchError, Layout, resolve_layout
+from project.plan.micro_batch import AUTO, refuse_auto
 from project.plan.settings import resolve_backend, setting_notes
 from project.plan.strategies import STRATEGIES, StrategyRow, is_interactive, strategy_name
 
@@ -42,13 +41,10 @@ class Plan:
     its batch fields (:meth:`with_data_batch`) and changes nothing else.
     """
 
-    scenario: str
-    accelerator: str
-    devices: list[int] | int
+    #: Where the processes go and the parallel degrees by name: the one source of every size below.
+    layout: Layout
     strategy: str
     strategy_args: dict[str, Any]
-    num_nodes: int
-    world_size: int
     per_device_batch_size: int | None
     global_batch_size: int | None
     accumulation: int
@@ -57,7 +53,6 @@ class Plan:
     launcher: str
     launch: dict[str, Any]
     sync_batchnorm: bool
-    degrees: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: Ray and Kubeflow: the Lightning ClusterEnvironment (import path) that reads the launcher's ranks.
     cluster_environment: str | None = None
@@ -77,7 +72,17 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the documented keys (``strategy`` carries its key arguments)."""
-        data = asdict(self)
+        layout = self.layout
+        data = {
+            "scenario": layout.scenario,
+            "accelerator": layout.accelerator,
+            "devices": layout.devices,
+            "num_nodes": layout.num_nodes,
+            "world_size": layout.world_size,
+            **asdict(self),
+            "degrees": layout.to_dict(),
+        }
+        del data["layout"]
         data["strategy"] = {"name": self.strategy, **data.pop("strategy_args")}
         data["notes"] = list(self.notes)
         data["capabilities"] = self.row.to_dict()
@@ -92,7 +97,7 @@ class Plan:
         Raises:
             UserError: the batch sizes do not divide or disagree (with the numbers and the fix).
         """
-        fields, notes = batch_fields(self.scenario, self.degrees, self.request, data_batch_size)
+        fields, notes = batch_fields(self.layout, self.request, data_batch_size)
         return replace(self, **fields, notes=(*notes, *self.setting_notes))
 
     def with_micro_batch(self, micro: int, trials: tuple[tuple[int, bool], ...]) -> Plan:
@@ -144,38 +149,38 @@ class Plan:
         return STRATEGIES[self.strategy]
 
     @property
+    def scenario(self) -> str:
+        """The layout's scenario."""
+        return self.layout.scenario
+
+    @property
+    def accelerator(self) -> str:
+        """``cpu`` or ``gpu``."""
+        return self.layout.accelerator
+
+    @property
+    def devices(self) -> list[int] | int:
+        """The GPU ids of each node, or the CPU process count."""
+        return self.layout.devices
+
+    @property
+    def num_nodes(self) -> int:
+        """Machines in the job."""
+        return self.layout.num_nodes
+
+    @property
+    def world_size(self) -> int:
+        """All processes of the job."""
+        return self.layout.world_size
+
+    @property
     def dp_size(self) -> int:
         """Data-parallel degree: how many different slices of each global batch are trained at once."""
-        return self.degrees.get("dp_replicate", self.world_size) * self.degrees.get("dp_shard", 1)
+        return self.layout.dp_size
 
     def dp_rank(self, global_rank: int) -> int:
-        """The data-parallel rank of ``global_rank``: the ranks of one tensor-parallel group share their data."""
-        return global_rank // self.degrees.get("tp", 1)
-
-
-def refuse_auto(config: ParallelConfig, row: StrategyRow) -> None:
-    """``micro_batch: auto`` only where a micro-batch's step needs no collective, and without a loss scaler.
-
-    A sharded step gathers and reduces inside the forward and backward, so a rank out of memory there would leave
-    the others waiting. ``16-mixed`` scales each backward's loss by a GradScaler, which the template's own split
-    of a step into micro-batches does not apply.
-
-    Raises:
-        UserError: ``auto`` under a strategy that shards parameters or optimizer state, or with ``16-mixed``.
-    """
-    if config.micro_batch != AUTO:
-        return
-    if row.shards_parameters or row.shards_optimizer_state:
-        raise UserError(
-            f"parallel.micro_batch='auto' is for scenarios whose micro-batches run without collectives (cpu, ddp, "
-            f"dp, single); scenario {config.scenario!r} shards across processes: set parallel.micro_batch to a number"
-        )
-    if config.precision == "16-mixed":
-        raise UserError(
-            "parallel.micro_batch='auto' with parallel.precision='16-mixed': the float16 loss scaler is not applied "
-            "to the micro-batches the template splits a step into; use precision bf16-mixed, or set "
-            "parallel.micro_batch to a number"
-        )
+        """The data-parallel rank of ``global_rank``: a tensor-parallel group and a pipeline share their data."""
+        return self.layout.dp_rank(global_rank)
 
 
 def resolve_plan(
@@ -199,27 +204,22 @@ def resolve_plan(
     layout = resolve_layout(config, hardware, environment)
     backend = resolve_backend(config, layout)
     request = BatchRequest.of(config, configured_lr)
-    batch, batch_notes = batch_fields(layout.scenario, layout.degrees, request, data_batch_size)
+    batch, batch_notes = batch_fields(layout, request, data_batch_size)
     external = environment.external
     start_method = "fork" if is_interactive() and not external else "popen"
-    strategy = strategy_name(layout.scenario, layout.world_size, layout.tp)
+    strategy = strategy_name(layout)
     refuse_auto(config, STRATEGIES[strategy])
     launch, launch_notes = describe_launch(environment, layout.per_node, layout.num_nodes)
     settings = (*setting_notes(config, layout, strategy, start_method), *launch_notes)
     return Plan(
-        scenario=layout.scenario,
-        accelerator=layout.accelerator,
-        devices=layout.devices,
+        layout=layout,
         strategy=strategy,
         strategy_args=STRATEGIES[strategy].args(config, start_method),
-        num_nodes=layout.num_nodes,
-        world_size=layout.world_size,
         **batch,
         backend=backend,
         launcher=environment.launcher if (external or layout.world_size > 1) else "none",
         launch=launch,
         sync_batchnorm=config.sync_batchnorm,
-        degrees=layout.degrees,
         notes=(*batch_notes, *settings),
         cluster_environment=environment.cluster_environment if layout.world_size > 1 else None,
         precision=config.precision,

@@ -21,17 +21,26 @@ class Scenario:
     #: Its strategy forks the ranks from this process itself (a notebook's way), so the template's start-up
     #: launcher (:mod:`project.launch.early`) must not start them first.
     forks_itself: bool = False
+    #: How the data-parallel degree is made: every process a replica (DDP), or shards (fsdp: ``dp_shard``).
+    data_parallel: Literal["replicate", "shard"] = "replicate"
+    #: The degrees it composes with (``tp``: tensor parallelism; ``pp``: pipeline stages).
+    composes: tuple[str, ...] = ()
+    #: The training loader's ``batch_size`` is the global batch, split over the GPUs (DataParallel's scatter).
+    data_batch_is_global: bool = False
+    #: Only one machine (DataParallel's threads), or only one GPU (``single``): ``None`` for no limit.
+    max_nodes: int | None = None
+    max_gpus: int | None = None
 
 
 #: ``auto`` is not a row: it becomes ``ddp``, ``single`` or ``cpu`` for the machine (project.plan.layout).
 SCENARIOS: dict[str, Scenario] = {
-    "cpu": Scenario("cpu", "ddp"),
-    "single": Scenario("gpu", "single_device"),
+    "cpu": Scenario("cpu", "ddp", composes=("tp", "pp")),
+    "single": Scenario("gpu", "single_device", max_gpus=1),
     # dp runs as DDP: Lightning removed DataParallel; the plan keeps DP's batch meaning.
-    "dp": Scenario("gpu", "ddp"),
-    "ddp": Scenario("gpu", "ddp"),
+    "dp": Scenario("gpu", "ddp", data_batch_is_global=True, max_nodes=1),
+    "ddp": Scenario("gpu", "ddp", composes=("tp", "pp")),
     "fork": Scenario("any", "ddp_fork", forks_itself=True),
-    "fsdp": Scenario("any", "fsdp"),
+    "fsdp": Scenario("any", "fsdp", data_parallel="shard", composes=("tp", "pp")),
     # DDP whose optimizer state is sharded over the ranks (ZeroRedundancyOptimizer): project/parallel/zero1.py.
     "zero1": Scenario("any", "zero1"),
 }

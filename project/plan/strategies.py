@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from project.plan.config import ParallelConfig
+from project.plan.layout import Layout
 from project.plan.scenarios import SCENARIOS
 
-#: ``parallel.sharding`` -> ``fully_shard``'s ``reshard_after_forward``.
+#: ``parallel.fsdp.sharding`` -> ``fully_shard``'s ``reshard_after_forward``.
 RESHARD_AFTER_FORWARD = {"full": True, "grad_op": False, "hybrid": True}
 DEFAULT_WRAP_RULE = "the outermost modules whose class occurs more than once in the network (default_wrap_classes)"
 
@@ -28,7 +29,7 @@ class StrategyRow:
 
     #: The arguments ``plan`` and ``plan.json`` show, from the ``parallel`` section and the start method.
     args: Callable[[ParallelConfig, str], dict[str, Any]]
-    #: ``module:function`` of the in-rank builder ``(args, backend, degrees) -> Trainer strategy``.
+    #: ``module:function`` of the in-rank builder ``(args, backend, layout) -> Trainer strategy``.
     build: str
     #: Each rank holds a shard of the parameters (and so of the gradients): gather before a full export.
     shards_parameters: bool = False
@@ -67,22 +68,19 @@ def is_interactive() -> bool:
 def ddp_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
     """The DDP arguments the plan shows (the seed's names; the builder passes them under the installed torch's)."""
     return {
-        "find_unused_parameters": config.find_unused_parameters,
-        "broadcast_buffers": config.broadcast_buffers,
+        "ddp": asdict(config.ddp),
         "timeout_s": config.timeout_s,
         "start_method": start_method,
     }
 
 
 def _fsdp_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
+    fsdp = config.fsdp
     return {
-        "sharding": config.sharding,
-        "reshard_after_forward": RESHARD_AFTER_FORWARD[config.sharding],
-        "cpu_offload": config.cpu_offload,
-        "wrap_modules": list(config.wrap_modules) if config.wrap_modules is not None else None,
-        "wrap_rule": "parallel.wrap_modules" if config.wrap_modules is not None else DEFAULT_WRAP_RULE,
+        "fsdp": asdict(fsdp),  # the parallel.fsdp subsection as given
+        "reshard_after_forward": RESHARD_AFTER_FORWARD[fsdp.sharding],
+        "wrap_rule": "parallel.fsdp.wrap_modules" if fsdp.wrap_modules is not None else DEFAULT_WRAP_RULE,
         "checkpoint": "sharded (torch.distributed.checkpoint folder)",
-        "async_save": config.async_save,
         "timeout_s": config.timeout_s,
         **({"tensor_parallel_plan": _tensor_plan(config)} if config.tensor_parallel.size > 1 else {}),
     }
@@ -98,8 +96,22 @@ def _tensor_parallel_args(config: ParallelConfig, start_method: str) -> dict[str
     return {
         "tensor_parallel_plan": _tensor_plan(config),
         "checkpoint": "sharded (torch.distributed.checkpoint folder)",
-        "async_save": config.async_save,
+        "fsdp": {"async_save": config.fsdp.async_save},
         "timeout_s": config.timeout_s,
+    }
+
+
+def _pipeline_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
+    """The pipeline's arguments; each stage's data-parallel copies take the scenario's (DDP's or fsdp's)."""
+    section = config.pipeline_parallel
+    sharded = SCENARIOS.get(config.scenario, SCENARIOS["cpu"]).data_parallel == "shard"
+    return {
+        "schedule": section.schedule,
+        "microbatches": section.microbatches or section.size,
+        "split_points": list(section.split_points) if section.split_points is not None else None,
+        "data_parallel": "fsdp" if sharded else "ddp",
+        **(_fsdp_args(config, start_method) if sharded else ddp_args(config, start_method)),
+        "checkpoint": "one file (each stage's state gathered on rank 0 by parameter name)",
     }
 
 
@@ -137,6 +149,15 @@ STRATEGIES: dict[str, StrategyRow] = {
         checkpoint="sharded",
         grads_are_dtensors=True,
     ),
+    # Pipeline parallelism (project/parallel/pipeline/): the network cut into stages, each stage's ranks sending
+    # activations forward and gradients back on torch.distributed.pipelining's schedule; each stage replicated
+    # (DDP) or sharded (fsdp) over its data-parallel ranks.
+    "pipeline": StrategyRow(
+        args=_pipeline_args,
+        build="project.parallel.pipeline:build",
+        shards_parameters=True,
+        checkpoint="file",
+    ),
     # ZeRO stage 1: DDP whose optimizer state is sharded over the ranks (project/parallel/zero1.py); the
     # parameters and gradients stay replicated, so export and the finiteness check are DDP's.
     "zero1": StrategyRow(
@@ -149,10 +170,12 @@ STRATEGIES: dict[str, StrategyRow] = {
 }
 
 
-def strategy_name(scenario: str, world_size: int, tp: int = 1) -> str:
-    """The table's strategy for ``scenario`` at ``world_size`` processes (``tp``: tensor-parallel degree)."""
-    if world_size == 1:
+def strategy_name(layout: Layout) -> str:
+    """The table's strategy for a layout: one process, a pipeline, tensor parallelism alone, or the scenario's."""
+    if layout.world_size == 1:
         return "single_device"
-    if tp > 1 and scenario != "fsdp":  # fsdp with a tensor-parallel degree is 2-D: its own row builds both
+    if layout.pp > 1:  # each stage replicated or sharded over its data-parallel ranks: the pipeline row builds both
+        return "pipeline"
+    if layout.tp > 1 and SCENARIOS[layout.scenario].data_parallel == "replicate":  # sharded + tp is fsdp's 2-D
         return "tensor_parallel"
-    return SCENARIOS[scenario].strategy
+    return SCENARIOS[layout.scenario].strategy

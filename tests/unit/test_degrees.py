@@ -22,19 +22,19 @@ from project.plan.memory import estimate
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 
 WORLD = 4
-TP_2 = {"dp_replicate": 2, "dp_shard": 1, "tp": 2}
+TP_2 = Layout("cpu", "cpu", WORLD, 1, dp_replicate=2, tp=2)
 
 
 def paper_plan(scenario: str = "cpu", **fields):
     """A plan of 4 CPU processes whose layout says tp = 2 (what a tensor-parallel scenario resolves to)."""
     config = ParallelConfig(scenario=scenario, devices=WORLD, **fields)
     plan = resolve_plan(config, Hardware(0), LaunchEnvironment(launcher="lightning", external=False), None)
-    return replace(plan, degrees=TP_2)
+    return replace(plan, layout=replace(TP_2, scenario=plan.scenario))
 
 
 def test_layout_degrees_multiply_to_the_world_size():
     layout = Layout("cpu", "cpu", WORLD, 1, dp_replicate=2, tp=2)
-    assert layout.dp_size == 2 and layout.degrees == TP_2
+    assert layout.dp_size == 2 and layout.to_dict() == {"pp": 1, "dp_replicate": 2, "dp_shard": 1, "tp": 2, "dp": 2}
     with pytest.raises(UserError, match="replicate 4 x shard 1 x tensor 2 = 8 do not match the world size 4"):
         Layout("cpu", "cpu", WORLD, 1, dp_replicate=4, tp=2)
 
@@ -76,9 +76,7 @@ class Net(nn.Module):
 
 def test_memory_divides_by_the_data_parallel_degree():
     section = {"class_path": "torch.optim.Adam"}
-    memory = estimate(
-        Net(), section, planned="ddp", degrees=TP_2, per_node=WORLD, sharding="full", cpu_offload=False, precision="32"
-    )
+    memory = estimate(Net(), section, planned="ddp", layout=TP_2, sharding="full", cpu_offload=False, precision="32")
     rows = memory["per_device"]
     assert rows["zero1"]["shard_degree"] == 2 and rows["fsdp"]["shard_degree"] == 2
     full = rows["ddp"]["optimizer_state"]["bytes"]
@@ -88,5 +86,5 @@ def test_memory_divides_by_the_data_parallel_degree():
 
 def test_the_sharded_strategy_mesh_takes_the_layout_degrees():
     plan = paper_plan(scenario="fsdp")
-    strategy = build_fsdp(plan.strategy_args, plan.backend, plan.degrees)
+    strategy = build_fsdp(plan.strategy_args, plan.backend, plan.layout)
     assert strategy.degrees == (2, 2)

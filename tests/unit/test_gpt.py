@@ -25,6 +25,7 @@ from project.models.generate import complete, generate
 from project.models.gpt import GPT, CausalSelfAttention
 from project.models.language_model import LanguageModel
 from project.models.token_rate import TokenRate
+from project.plan.layout import Layout
 
 VOCAB = vocabulary("\n .," + string.ascii_letters)
 
@@ -203,14 +204,25 @@ class FakeMesh:
         return SimpleNamespace(size=lambda: {"data_parallel": 2, "tensor_parallel": 2}[name])
 
 
-def test_tokens_are_counted_once_per_tensor_parallel_group():
+def test_tokens_are_counted_once_per_tensor_parallel_group_and_pipeline():
     module = module_on(SimpleNamespace(), n_head=2)
-    module._trainer.world_size = 4
+    trainer = module._trainer
+    trainer.world_size, trainer.num_nodes, trainer.accelerator = 4, 1, object()
+    trainer.strategy = SimpleNamespace()  # a user's DDP strategy: no mesh, every process trains its own samples
     module.on_train_start()
-    assert module._data_parallel == 4  # DDP: no mesh, every process trains its own samples
-    module._device_mesh = FakeMesh()
+    assert module._data_parallel == 4
+    trainer.strategy = SimpleNamespace(device_mesh=FakeMesh())  # Lightning's ModelParallelStrategy, (dp, tp) = (2, 2)
     module.on_train_start()
-    assert module._data_parallel == 2  # (dp, tp) = (2, 2): the two ranks of a tensor-parallel group share a batch
+    assert module._data_parallel == 2
+    # a strategy the template built carries the plan's layout: a pipeline's stages share their batch
+    for layout, data_parallel in (
+        (Layout("cpu", "cpu", 4, 1, dp_replicate=2, tp=2), 2),
+        (Layout("cpu", "cpu", 4, 1, dp_replicate=2, pp=2), 2),
+        (Layout("cpu", "cpu", 4, 1, dp_replicate=1, pp=4), 1),
+    ):
+        trainer.strategy = SimpleNamespace(project_layout=layout)
+        module.on_train_start()
+        assert module._data_parallel == data_parallel, layout
 
 
 def test_token_rate_counts_training_time_only(monkeypatch):

@@ -130,7 +130,7 @@ def test_data_batch_size_must_be_positive():
 
 
 def test_plan_json_keys_and_seed_buffer_flag():
-    data = plan(8, scenario="ddp", devices="all", broadcast_buffers=False).to_dict()
+    data = plan(8, scenario="ddp", devices="all", ddp={"broadcast_buffers": False}).to_dict()
     assert {
         "scenario",
         "accelerator",
@@ -145,13 +145,13 @@ def test_plan_json_keys_and_seed_buffer_flag():
         "notes",
     } <= set(data)
     assert data["strategy"]["name"] == "ddp"
-    assert data["strategy"]["broadcast_buffers"] is False
+    assert data["strategy"]["ddp"] == {"find_unused_parameters": False, "broadcast_buffers": False}
 
 
 def test_broadcast_buffers_maps_to_the_installed_torch_name_without_warning(recwarn):
     kwargs = ddp_buffer_kwargs(False)
     assert kwargs in ({"forward_sync_buffers": False}, {"broadcast_buffers": False})
-    strategy = trainer_kwargs(plan(0, scenario="cpu", devices=2, broadcast_buffers=False))["strategy"]
+    strategy = trainer_kwargs(plan(0, scenario="cpu", devices=2, ddp={"broadcast_buffers": False}))["strategy"]
     assert kwargs.items() <= strategy._ddp_kwargs.items()
     assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
 
@@ -212,9 +212,10 @@ BATCH_MATH = [
 @pytest.mark.parametrize(("given", "expected"), BATCH_MATH)
 def test_batch_math_derives_the_third_number(given, expected):
     from project.plan.batch import resolve_batch
+    from project.plan.scenarios import SCENARIOS
 
     scenario, global_, data, world, per_device, accumulation = given
-    got = resolve_batch(scenario, global_, data, world, per_device, accumulation)
+    got = resolve_batch(SCENARIOS[scenario].data_batch_is_global, global_, data, world, per_device, accumulation)
     assert (got.per_device, got.global_, got.accumulation) == expected
 
 

@@ -118,28 +118,29 @@ def test_the_accumulation_note_appears_from_two_micro_batches():
 
 def test_under_tensor_parallelism_messages_say_data_parallel_size():
     from project.plan.batch import BatchRequest, batch_fields
+    from project.plan.layout import Layout
 
     with pytest.raises(UserError) as info:
-        batch_fields("ddp", {"dp_replicate": 2, "dp_shard": 1, "tp": 2}, BatchRequest(global_batch_size=5), 8)
+        batch_fields(Layout("ddp", "gpu", 4, 1, dp_replicate=2, tp=2), BatchRequest(global_batch_size=5), 8)
     assert "does not divide by the data-parallel size 2" in str(info.value), str(info.value)
     with pytest.raises(UserError) as info:
-        batch_fields("ddp", {"dp_replicate": 2, "dp_shard": 1, "tp": 1}, BatchRequest(global_batch_size=5), 8)
+        batch_fields(Layout("ddp", "gpu", 2, 1, dp_replicate=2), BatchRequest(global_batch_size=5), 8)
     assert "does not divide by the world size 2" in str(info.value), str(info.value)
 
 
 def test_the_default_size_name_is_world_size():
     with pytest.raises(UserError) as info:
-        resolve_batch("ddp", 10, 8, 4)
+        resolve_batch(False, 10, 8, 4)
     assert "by the world size 4" in str(info.value)
 
 
 def test_a_plan_completed_by_the_loader_gets_the_batch_and_keeps_its_notes():
     """The ranks resolve the plan before the loader exists and complete it with the loader's batch size."""
-    fields = {"scenario": "dp", "devices": "all", "broadcast_buffers": False, "accumulation": 2}
+    fields = {"scenario": "dp", "devices": "all", "ddp": {"broadcast_buffers": False}, "accumulation": 2}
     early = plan(4, data_batch=None, **fields)
     assert (early.per_device_batch_size, early.global_batch_size) == (None, None)
     late = early.with_data_batch(64)
     assert (late.per_device_batch_size, late.global_batch_size, late.accumulation) == (8, 64, 2)
     assert late.notes == plan(4, **fields).notes
-    assert any("broadcast_buffers=false" in note for note in late.notes)
+    assert any("ddp.broadcast_buffers=false" in note for note in late.notes)
     assert late.to_dict()["notes"] == list(late.notes)

@@ -98,24 +98,24 @@ def test_a_gpu_scenario_without_gpus_repeats_the_devices_asked():
 
 def test_fsdp_full_shards_over_every_process_and_hybrid_within_a_node():
     full = plan(0, scenario="fsdp", devices=2, num_nodes=2)
-    assert json.dumps(full.degrees) == '{"dp_replicate": 1, "dp_shard": 4, "tp": 1}'
+    assert json.dumps(full.layout.to_dict()) == '{"pp": 1, "dp_replicate": 1, "dp_shard": 4, "tp": 1, "dp": 4}'
     assert full.accelerator == "cpu" and full.world_size == 4
     assert any(
         note.startswith("fsdp full: parameters, gradients and optimizer state sharded over all 4 processes")
         for note in full.notes
     )
-    hybrid = plan(0, scenario="fsdp", devices=2, num_nodes=2, sharding="hybrid")
-    assert json.dumps(hybrid.degrees) == '{"dp_replicate": 2, "dp_shard": 2, "tp": 1}'
+    hybrid = plan(0, scenario="fsdp", devices=2, num_nodes=2, fsdp={"sharding": "hybrid"})
+    assert json.dumps(hybrid.layout.to_dict()) == '{"pp": 1, "dp_replicate": 2, "dp_shard": 2, "tp": 1, "dp": 4}'
     assert any("sharded within each node (2 processes), replicated across 2 nodes" in note for note in hybrid.notes)
 
 
 def test_hybrid_on_one_node_is_refused_with_the_node_count():
-    message = error(0, scenario="fsdp", devices=2, sharding="hybrid")
-    assert message.startswith("parallel.sharding='hybrid' shards within a node") and "num_nodes=1;" in message
+    message = error(0, scenario="fsdp", devices=2, fsdp={"sharding": "hybrid"})
+    assert message.startswith("parallel.fsdp.sharding='hybrid' shards within a node") and "num_nodes=1;" in message
 
 
 def test_grad_op_keeps_the_parameters_gathered_and_says_so():
-    got = plan(0, scenario="fsdp", devices=2, sharding="grad_op")
+    got = plan(0, scenario="fsdp", devices=2, fsdp={"sharding": "grad_op"})
     assert got.strategy_args["reshard_after_forward"] is False
     assert any(
         note.startswith("fsdp grad_op: gradients and optimizer state (parameters stay gathered") for note in got.notes
@@ -123,44 +123,45 @@ def test_grad_op_keeps_the_parameters_gathered_and_says_so():
 
 
 def test_fsdp_settings_belong_to_fsdp():
-    message = error(0, scenario="cpu", devices=2, sharding="grad_op")
+    message = error(0, scenario="cpu", devices=2, fsdp={"sharding": "grad_op"})
     assert message.startswith(
-        "parallel.sharding='grad_op' applies to scenario fsdp only, and this plan's scenario is 'cpu'"
+        "parallel.fsdp.sharding='grad_op' applies to scenario fsdp only, and this plan's scenario is 'cpu'"
     )
-    assert "parallel.cpu_offload=True applies to scenario fsdp only" in error(0, scenario="cpu", cpu_offload=True)
+    offload = error(0, scenario="cpu", fsdp={"cpu_offload": True})
+    assert "parallel.fsdp.cpu_offload=True applies to scenario fsdp only" in offload
 
 
 def test_fsdp_on_one_process_and_on_cpu_processes_says_what_it_does():
     one = plan(0, scenario="fsdp", devices=1)
     assert one.strategy == "single_device" and one.notes[-1].startswith("fsdp on one process: nothing to shard")
-    cpu = plan(0, scenario="fsdp", devices=2, cpu_offload=True)
+    cpu = plan(0, scenario="fsdp", devices=2, fsdp={"cpu_offload": True})
     assert "fsdp on CPU processes over gloo (no GPU visible): the same FSDP2 code as on GPUs" in cpu.notes
     assert any(note.startswith("cpu_offload on CPU processes changes nothing") for note in cpu.notes)
-    gpu = plan(4, scenario="fsdp", devices="all", cpu_offload=True)
+    gpu = plan(4, scenario="fsdp", devices="all", fsdp={"cpu_offload": True})
     assert not [note for note in gpu.notes if "CPU processes" in note], gpu.notes
 
 
 def test_the_fsdp_arguments_the_plan_shows():
+    # The parallel.fsdp subsection as given, beside what the plan derives from it.
+    fsdp = {"sharding": "full", "cpu_offload": False, "wrap_modules": None, "async_save": True}
     base = {
-        "sharding": "full",
         "reshard_after_forward": True,
-        "cpu_offload": False,
         "checkpoint": "sharded (torch.distributed.checkpoint folder)",
-        "async_save": True,
         "timeout_s": 1800.0,
     }
     got = plan(0, scenario="fsdp", devices=2)
-    assert got.strategy_args == {**base, "wrap_modules": None, "wrap_rule": DEFAULT_WRAP_RULE}
-    got = plan(0, scenario="fsdp", devices=2, wrap_modules=["Linear"])
-    assert got.strategy_args == {**base, "wrap_modules": ["Linear"], "wrap_rule": "parallel.wrap_modules"}
-    assert plan(0, scenario="fsdp", devices=2, async_save=False).strategy_args["async_save"] is False
+    assert got.strategy_args == {**base, "fsdp": fsdp, "wrap_rule": DEFAULT_WRAP_RULE}
+    got = plan(0, scenario="fsdp", devices=2, fsdp={"wrap_modules": ["Linear"]})
+    wrapped = {**fsdp, "wrap_modules": ["Linear"]}
+    assert got.strategy_args == {**base, "fsdp": wrapped, "wrap_rule": "parallel.fsdp.wrap_modules"}
+    sync = plan(0, scenario="fsdp", devices=2, fsdp={"async_save": False})
+    assert sync.strategy_args["fsdp"]["async_save"] is False
 
 
 def test_the_zero1_arguments_the_plan_shows():
     got = plan(0, scenario="zero1", devices=2)
     assert got.strategy_args == {
-        "find_unused_parameters": False,
-        "broadcast_buffers": True,
+        "ddp": {"find_unused_parameters": False, "broadcast_buffers": True},
         "timeout_s": 1800.0,
         "start_method": "popen",
         "optimizer_state": "sharded over the data-parallel ranks (ZeroRedundancyOptimizer)",
@@ -249,11 +250,12 @@ def test_a_timeout_below_one_second_is_legal():
 
 def test_the_buffers_note_is_for_several_processes_that_do_not_broadcast():
     def says(**fields) -> bool:
-        return any(note.startswith("broadcast_buffers=false") for note in plan(0, scenario="cpu", **fields).notes)
+        notes = plan(0, scenario="cpu", **fields).notes
+        return any(note.startswith("ddp.broadcast_buffers=false") for note in notes)
 
-    assert says(devices=2, broadcast_buffers=False)
-    assert not says(devices=1, broadcast_buffers=False)
-    assert not says(devices=2, broadcast_buffers=True)
+    assert says(devices=2, ddp={"broadcast_buffers": False})
+    assert not says(devices=1, ddp={"broadcast_buffers": False})
+    assert not says(devices=2, ddp={"broadcast_buffers": True})
 
 
 @pytest.mark.parametrize(

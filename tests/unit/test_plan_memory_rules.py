@@ -9,6 +9,7 @@ import json
 import torch
 from torch import nn
 
+from project.plan.layout import Layout
 from project.plan.memory import ModelCount, estimate, human
 from project.plan.optimizer_count import count_optimizer
 
@@ -17,20 +18,18 @@ SGD = {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.1, "momentum": 0.9
 
 def table(
     planned: str = "ddp",
-    degrees: dict | None = None,
-    per_node: int = 4,
+    layout: Layout | None = None,
     sharding: str = "full",
     cpu_offload: bool = False,
     precision: str = "32",
     section: dict | None = SGD,
 ) -> dict:
-    degrees = degrees or {"dp_replicate": 4, "dp_shard": 1, "tp": 1}
+    layout = layout or Layout("cpu", "cpu", 4, 1, dp_replicate=4)
     return estimate(
         nn.Linear(100, 10),
         section,
         planned=planned,
-        degrees=degrees,
-        per_node=per_node,
+        layout=layout,
         sharding=sharding,
         cpu_offload=cpu_offload,
         precision=precision,
@@ -57,15 +56,15 @@ def test_the_configured_optimizer_is_the_one_counted():
 
 
 def test_the_planned_fsdp_column_takes_the_layouts_shard_degree():
-    got = table("fsdp", {"dp_replicate": 2, "dp_shard": 4, "tp": 1}, per_node=4, sharding="hybrid")
+    got = table("fsdp", Layout("fsdp", "gpu", 4, 2, dp_replicate=2, dp_shard=4), sharding="hybrid")
     assert got["planned"] == "fsdp" and got["per_device"]["fsdp"]["shard_degree"] == 4
 
 
 def test_hybrid_would_shard_within_a_node_of_data_parallel_ranks():
-    got = table("ddp", {"dp_replicate": 8, "dp_shard": 1, "tp": 1}, per_node=4, sharding="hybrid")
+    got = table("ddp", Layout("ddp", "gpu", 4, 2, dp_replicate=8), sharding="hybrid")
     assert got["per_device"]["fsdp"]["shard_degree"] == 4
     # Tensor-parallel groups share their data: a node of 8 processes holds 4 data-parallel ranks.
-    got = table("ddp", {"dp_replicate": 4, "dp_shard": 1, "tp": 2}, per_node=8, sharding="hybrid")
+    got = table("ddp", Layout("ddp", "gpu", 8, 1, dp_replicate=4, tp=2), sharding="hybrid")
     assert json.dumps(got["per_device"]["fsdp"]["shard_degree"]) == "4"
 
 

@@ -10,6 +10,7 @@ from torch import nn
 from project.errors import UserError
 from project.plan.config import TensorParallel
 from project.plan.environment import LaunchEnvironment
+from project.plan.layout import Layout
 from project.plan.memory import estimate
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 from project.plan.tensor_plan import HOOK, resolve_tensor_plan, split_parameter_names
@@ -39,10 +40,17 @@ class Block(nn.Module):
 
 
 def test_tensor_parallel_is_the_innermost_degree_and_fsdp_makes_it_two_dimensional():
-    assert plan(2, scenario="cpu", devices=2).degrees == {"dp_replicate": 1, "dp_shard": 1, "tp": 2}
+    assert plan(2, scenario="cpu", devices=2).layout.to_dict() == {
+        "pp": 1,
+        "dp_replicate": 1,
+        "dp_shard": 1,
+        "tp": 2,
+        "dp": 1,
+    }
     assert plan(2, scenario="cpu", devices=2).strategy == "tensor_parallel"
     two_d = plan(2, scenario="fsdp", devices=4)
-    assert two_d.degrees == {"dp_replicate": 1, "dp_shard": 2, "tp": 2} and two_d.strategy == "fsdp"
+    assert (two_d.layout.dp_replicate, two_d.layout.dp_shard, two_d.layout.tp) == (1, 2, 2)
+    assert two_d.strategy == "fsdp"
     assert two_d.dp_size == 2 and [two_d.dp_rank(rank) for rank in range(4)] == [0, 0, 1, 1]
 
 
@@ -53,7 +61,7 @@ def test_tensor_parallel_is_the_innermost_degree_and_fsdp_makes_it_two_dimension
         (2, {"scenario": "cpu", "devices": 4}, "use scenario 'fsdp'"),
         (2, {"scenario": "zero1", "devices": 2}, "tensor parallelism runs with scenario"),
         (0, {"scenario": "cpu", "devices": 2}, "must be >= 1"),
-        (2, {"scenario": "fsdp", "devices": 2, "num_nodes": 2, "sharding": "hybrid"}, "sharding 'hybrid'"),
+        (2, {"scenario": "fsdp", "devices": 2, "num_nodes": 2, "fsdp": {"sharding": "hybrid"}}, "sharding 'hybrid'"),
     ],
 )
 def test_an_impossible_layout_is_one_line(tp, fields, needle):
@@ -102,11 +110,12 @@ def test_memory_divides_the_split_layers_and_precision_64_doubles_every_byte():
     names = split_parameter_names(mlp, resolve_tensor_plan(mlp, "auto", 2))
     assert names == {"0.weight", "0.bias", "2.weight"}  # the rowwise bias is added after the all-reduce: whole
     split = sum(p.numel() * 4 for n, p in mlp.named_parameters() if n in names)
-    degrees = {"dp_replicate": 1, "dp_shard": 1, "tp": 2}
-    common = {"planned": "ddp", "per_node": 2, "sharding": "full", "cpu_offload": False}
-    whole = estimate(mlp, None, degrees={**degrees, "tp": 1}, precision="32", **common)
-    halved = estimate(mlp, None, degrees=degrees, precision="32", tensor_split=(split, split), **common)
-    doubled = estimate(mlp, None, degrees={**degrees, "tp": 1}, precision="64", **common)
+    split_2 = Layout("cpu", "cpu", 2, 1, dp_replicate=1, tp=2)
+    whole_2 = Layout("cpu", "cpu", 2, 1, dp_replicate=2)
+    common = {"planned": "ddp", "sharding": "full", "cpu_offload": False}
+    whole = estimate(mlp, None, layout=whole_2, precision="32", **common)
+    halved = estimate(mlp, None, layout=split_2, precision="32", tensor_split=(split, split), **common)
+    doubled = estimate(mlp, None, layout=whole_2, precision="64", **common)
     total = sum(p.numel() * 4 for p in mlp.parameters())
     assert whole["per_device"]["ddp"]["parameters"]["bytes"] == total
     assert halved["per_device"]["ddp"]["parameters"]["bytes"] == total - split // 2

@@ -37,14 +37,15 @@ def plan(gpus: int, **fields):
 def test_zero1_runs_on_the_gpus_or_cpu_processes(fields, gpus, expected):
     got = plan(gpus, **fields)
     assert (got.accelerator, got.world_size, got.strategy, got.backend) == expected
-    assert got.degrees == {"dp_replicate": got.world_size, "dp_shard": 1, "tp": 1}
+    assert (got.layout.dp_replicate, got.layout.dp_shard, got.layout.tp) == (got.world_size, 1, 1)
 
 
 def test_the_plan_shows_strategy_zero1_with_ddp_arguments_and_its_capabilities():
-    data = plan(0, devices=2, broadcast_buffers=False).to_dict()
+    data = plan(0, devices=2, ddp={"broadcast_buffers": False}).to_dict()
     strategy = data["strategy"]
-    assert strategy["name"] == "zero1" and strategy["broadcast_buffers"] is False
-    assert {"find_unused_parameters", "timeout_s", "start_method"} <= set(strategy)
+    assert strategy["name"] == "zero1"
+    assert strategy["ddp"] == {"find_unused_parameters": False, "broadcast_buffers": False}
+    assert {"timeout_s", "start_method"} <= set(strategy)
     assert "ZeroRedundancyOptimizer" in strategy["optimizer_state"] and "one file" in strategy["checkpoint"]
     assert data["capabilities"] == {
         "shards_parameters": False,
@@ -55,7 +56,7 @@ def test_the_plan_shows_strategy_zero1_with_ddp_arguments_and_its_capabilities()
 
 
 def test_the_row_builds_the_zero1_strategy_with_ddp_settings():
-    built = trainer_kwargs(plan(0, devices=2, find_unused_parameters=True))["strategy"]
+    built = trainer_kwargs(plan(0, devices=2, ddp={"find_unused_parameters": True}))["strategy"]
     assert isinstance(built, ZeroOneStrategy)
     assert built.process_group_backend == "gloo" and built._ddp_kwargs["find_unused_parameters"] is True
     row = row_of(built)
@@ -68,8 +69,7 @@ def test_the_memory_table_marks_zero1_planned_with_half_the_optimizer_state():
         DigitsNet(),
         ADAMW,
         planned=got.row.memory,
-        degrees=got.degrees,
-        per_node=2,
+        layout=got.layout,
         sharding="full",
         cpu_offload=False,
         precision="32",
