@@ -2,14 +2,15 @@
 
 import sys
 
-from project.commands import answer_without_training_imports
+from project.commands import Builds, answer_without_training_imports, command_of
 from project.launch.orphans import die_with_launcher
 
 if __name__ == "__main__":
     # A rank torchrun or Lightning's launcher started ends when its launcher dies (standard library only, first).
     die_with_launcher()
     answer_without_training_imports(sys.argv[1:])  # --help and unknown commands: no Lightning import
-    if sys.argv[1:2] == ["sweep"]:
+    command = command_of(sys.argv[1:])
+    if command is not None and command.builds is Builds.DRIVER:
         # The sweep's driver only samples, starts trials (each a `fit` process) and reads results: no torch.
         from project.sweep.driver import main as sweep
 
@@ -17,7 +18,7 @@ if __name__ == "__main__":
         raise SystemExit(0)
     from project.launch import stop_signals
 
-    if sys.argv[1:2] == ["fit"]:  # a stop signal during the imports ends with 75 too (standard library only)
+    if command is not None and command.stops_on_signal:  # a stop signal during the imports ends with 75 too
         stop_signals.install_defaults()
     try:
         from project.cli import main

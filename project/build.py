@@ -33,6 +33,7 @@ from project.callbacks.model_checks import refuse_manual_accumulation, refuse_un
 from project.check.command import add_check_arguments, check_trainer_kwargs
 from project.checkpoints.background import with_atomic_checkpoint_io
 from project.checkpoints.resume import Chosen, choose_checkpoint
+from project.commands import COMMANDS
 from project.config_errors import ProjectArgumentParser, root_cause
 from project.errors import UserError
 from project.launch.elastic import ElasticJob, detect_elastic, end_job, keep_checkpoint_batch
@@ -80,6 +81,7 @@ class ProjectCLI(LightningCLI):
 
     def __init__(self, command: str, args: list[str]) -> None:
         self.command = command
+        self.row = COMMANDS[command]  # what the command builds and does
         self.plan: Plan | None = None
         self.plan_inputs: tuple[ParallelConfig, Hardware] | None = None
         self.chosen: Chosen | None = None
@@ -90,7 +92,7 @@ class ProjectCLI(LightningCLI):
             datamodule_class=L.LightningDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
-            save_config_callback=None if command == "check" else SaveUserConfig,
+            save_config_callback=None if self.row.self_test else SaveUserConfig,
             # Each run gets a fresh version directory (or continues its own): an existing config.yaml is expected.
             save_config_kwargs={"overwrite": True},
             parser_class=ProjectArgumentParser,
@@ -114,11 +116,11 @@ class ProjectCLI(LightningCLI):
             default=None,
             help="Experiment tracking beside TensorBoard (fit); see configs/tracking/mlflow.yaml and docs/tracking.md.",
         )
-        if self.command == "plan":
+        if not self.row.builds_trainer:  # plan
             parser.add_argument("--assume_gpus", type=int | None, default=None, help="Plan for a machine with N GPUs.")
             parser.add_argument("--json", action=ActionYesNo, default=False, help="Print one JSON object.")
             return
-        if self.command == "check":
+        if self.row.self_test:
             add_check_arguments(parser)
             return
         add_run_options(parser, self.command)
@@ -127,30 +129,30 @@ class ProjectCLI(LightningCLI):
         """Choose the checkpoint and resolve the layout, before anything is built."""
         config = self.config
         environment = detect_environment()  # read once, before confirm_started_ranks sets this rank's variables
-        if self.command != "plan":
+        if self.row.builds_trainer:
             refuse_stray_rank(environment)
-        if self.command not in ("plan", "check"):
+        if self.row.takes_checkpoint:
             use_store(config.trainer, self.command, config.ckpt_path, config.get("resume"))  # save_dir a URL
             run = run_of_config(config.get("config") or [])
             self.chosen = choose_checkpoint(self.command, config.ckpt_path, config.get("resume"), config.trainer, run)
         parallel = config.get("parallel")
-        if parallel is None and self.command != "plan":
+        if parallel is None and self.row.builds_trainer:
             confirm_started_ranks(None)  # ranks forked at start-up for a section the parser does not see: refused
             say_plain_lightning(config.trainer, torch.cuda.device_count())
             return
         refuse_trainer_overlap(parallel, config.trainer, self.parser.get_defaults().trainer)
         settings = ParallelConfig(**parallel.as_dict()) if parallel is not None else ParallelConfig()
-        if self.command == "fit":  # a restart at another size keeps the checkpoint's global batch
+        if self.row.trains:  # a restart at another size keeps the checkpoint's global batch
             self.elastic = detect_elastic(environment)
             settings = keep_checkpoint_batch(settings, self._resuming(), self.elastic)
-        if self.command == "check":  # a rank that does not answer is named after the check's short timeout
+        if self.row.self_test:  # a rank that does not answer is named after the check's short timeout
             settings = replace(settings, timeout_s=min(settings.timeout_s, config.join_timeout_s))
         assumed = config.get("assume_gpus")
         if assumed is not None and assumed < 0:
             raise UserError(f"--assume_gpus={assumed} must be >= 0")
         hardware = Hardware(torch.cuda.device_count()) if assumed is None else Hardware(assumed, assumed=True)
         self.plan_inputs = (settings, hardware)
-        if self.command != "plan":  # `plan` resolves with the data batch size, and says why a launch would fail
+        if self.row.builds_trainer:  # `plan` resolves with the data batch size, and says why a launch would fail
             try:
                 self.plan = resolve_plan(settings, hardware, environment, None, self.configured_lr())
                 refuse_sharded(self.plan)  # save_dir a URL: the sharded (fsdp) writer does not commit to a store
@@ -192,7 +194,7 @@ class ProjectCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         """Build model, data and trainer (`plan`: model and data only); a bad init argument is one line."""
         try:
-            if self.command == "plan":
+            if not self.row.builds_trainer:  # plan
                 self.config_init = self.parser.instantiate_classes(self.config)
                 self.datamodule, self.model = self.config_init.get("data"), self.config_init.get("model")
                 return
@@ -205,11 +207,11 @@ class ProjectCLI(LightningCLI):
             if cause is not None:
                 raise cause from None
             raise UserError(f"could not build the model/data/trainer from the config: {root_cause(error)}") from error
-        if self.command in ("fit", "check"):  # before any process starts; evaluation never accumulates
+        if self.row.steps_optimizer:  # before any process starts; evaluation never accumulates
             settings = self.plan_inputs[0] if self.plan_inputs is not None else None
             refuse_manual_accumulation(self.model, self.trainer.accumulate_grad_batches, settings, self.plan)
             refuse_unshardable_callbacks(self.trainer)
-        if self.command == "fit":
+        if self.row.trains:
             say_replaced_optimizer(self.model, self.config.get("optimizer"))
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
@@ -229,10 +231,10 @@ class ProjectCLI(LightningCLI):
         settings = self.plan_inputs[0] if self.plan_inputs is not None else None
         learning_rate = settings is not None and (settings.lr_scaling != "none" or settings.warmup_steps > 0)
         configured = listed(trainer_config.get("callbacks"))
-        writer = self.command == "predict" and not lists_prediction_writer(configured)  # predictions.csv by default
+        writer = self.row.writes_predictions and not lists_prediction_writer(configured)  # predictions.csv by default
         bar = wants_template_progress_bar(trainer_config)
         section = settings or ParallelConfig()
-        stop = StopOnSignal(section.stop_signals, section.stop_grace_s) if self.command == "fit" else None
+        stop = StopOnSignal(section.stop_signals, section.stop_grace_s) if self.row.stops_on_signal else None
         own = template_callbacks(self.loaders, chosen, bar, learning_rate, self._stragglers(), writer, stop)
         own += [ElasticCallback(self.elastic)] if self.elastic is not None else []  # last: it may end the rank
         # What the model itself must become: torch.compile once the strategy has wrapped it; float64 before a restore
@@ -240,7 +242,7 @@ class ProjectCLI(LightningCLI):
         if self.plan is not None and self.plan.precision == "64":
             shaping.append(Float64BeforeRestore())
         kwargs["callbacks"] = [*configured, *own, *shaping]
-        if self.command == "check":  # the layout, the sampling and the model as configured; nothing written
+        if self.row.self_test:  # the layout, the sampling and the model as configured; nothing written
             kept = [self.loaders] if self.loaders is not None else []
             kwargs.update(check_trainer_kwargs(self.config, [*kept, *shaping]))
         trainer = super().instantiate_trainer(**kwargs)

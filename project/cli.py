@@ -29,7 +29,7 @@ from project.callbacks.preemption import stopped_by_signal
 from project.checkpoints.loading import pickle_allowed
 from project.checkpoints.match import refuse_mismatched_checkpoint, refuse_unknown_weights
 from project.checkpoints.resume import remove_partial_writes
-from project.commands import split_command
+from project.commands import Builds, Command, split_command
 from project.config_errors import check_config_files
 from project.consolidate import consolidate
 from project.errors import Preempted, UserError, exit_with, run_reporting_user_errors
@@ -74,31 +74,36 @@ def execute(argv: list[str]) -> Run | None:
     """Run ``python -m project`` with ``argv`` (without the program name); the :class:`Run`, or ``None`` for plan."""
     args, legacy = strip_legacy_local_rank(argv)
     command, args = split_command(args)
-    if command == "consolidate":  # a file operation: no config, no Trainer
+    if command.builds is Builds.DRIVER:  # the sweep: its driver starts each trial as a `fit` process
+        from project.sweep.driver import main as sweep
+
+        sweep(args)
+        return None
+    if command.builds is Builds.FILES:  # consolidate: a file operation, no config, no Trainer
         consolidate(args)
         return None
     check_config_files(args)
     if legacy:
         os.environ[LEGACY_FLAG_ENV] = "1"
-    cli = ProjectCLI(command, args)
-    if command == "plan":
+    cli = ProjectCLI(command.name, args)
+    if command.builds is Builds.MODEL_AND_DATA:  # plan: print the layout, run nothing
         print_plan(cli)
         return None
-    if command == "check":
+    if command.self_test:  # check: here, on the layout as configured; no checkpoint, nothing to say afterwards
         run_command(command, cli)
         return None
-    refuse_unknown_weights(command, cli.model, cli.chosen, cli.config.get("ckpt_path"))
+    refuse_unknown_weights(command.name, cli.model, cli.chosen, cli.config.get("ckpt_path"))
     refuse_mismatched_checkpoint(cli.chosen, cli.model, cli.trainer)
     if submits_to_ray(cli.plan):  # parallel.launcher: ray: Ray's workers run this same command; this process waits
         stop_signals.install([], 0.0)  # the waiting driver ends on a signal as processes do; the workers stop
-        run_on_ray(argv, command, cli.plan, run_in_worker)
+        run_on_ray(argv, command.name, cli.plan, run_in_worker)
         return None
     try:
         run_command(command, cli)
     finally:
         stop_signals.finish()  # a signal from here on changes nothing: the command is done
     say_where_the_run_went(cli.trainer)
-    return Run(command, cli)
+    return Run(command.name, cli)
 
 
 def run_in_worker(argv: list[str]) -> str | None:
@@ -130,7 +135,7 @@ def _test_after_fit(cli: ProjectCLI) -> None:
     trainer.test(model, datamodule=data, ckpt_path=best_checkpoint_path(trainer))
 
 
-def run_command(command: str, cli: ProjectCLI) -> None:
+def run_command(command: Command, cli: ProjectCLI) -> None:
     """Run ``command`` on the built objects; on failure name the rank, stop the others, clean up a refused run.
 
     Cleanup happens only before the first optimizer step of the run: once it trained, every file it wrote is
@@ -139,24 +144,20 @@ def run_command(command: str, cli: ProjectCLI) -> None:
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
     ckpt_path = cli.chosen.path if cli.chosen is not None else None
     start_step = int((cli.chosen.checkpoint or {}).get("global_step", 0)) if cli.chosen is not None else 0
-    guard = RunDirectoryGuard.of(trainer, continuing=command == "fit" and cli.chosen is not None)
+    guard = RunDirectoryGuard.of(trainer, continuing=command.trains and cli.chosen is not None)
     # One training per run directory: a second fit there is refused, in one line naming the one training there.
-    lock = TrainingLock.take(guard.run_dir, hold=command == "fit" and trainer.is_global_zero)
+    lock = TrainingLock.take(guard.run_dir, hold=command.locks_run and trainer.is_global_zero)
     remove_partial_writes(cli.chosen)  # a killed save's leftovers, now that no other training writes there
-    stop_signals.set_undo(guard.undo if command == "fit" and trainer.is_global_zero else None)
+    stop_signals.set_undo(guard.undo if command.stops_on_signal and trainer.is_global_zero else None)
+    start = {"ckpt_path": ckpt_path, "weights_only": not pickle_allowed()} if command.takes_checkpoint else {}
     try:
-        if command == "check":
-            trainer.fit(model, datamodule=data)
-        elif command == "fit":
-            trainer.fit(model, datamodule=data, ckpt_path=ckpt_path, weights_only=not pickle_allowed())
-            if cli.config.get("test_after_fit"):
-                _test_after_fit(cli)
-        else:
-            getattr(trainer, command)(model, datamodule=data, ckpt_path=ckpt_path, weights_only=not pickle_allowed())
+        getattr(trainer, str(command.trainer_method))(model, datamodule=data, **start)
+        if command.tests_after and cli.config.get("test_after_fit"):
+            _test_after_fit(cli)
     except BaseException as error:
         failure = _explain(command, cli, error, start_step)  # before the other ranks are stopped: see there
         stop_launched_processes(trainer.strategy)
-        trained = command == "fit" and trainer.global_step > start_step
+        trained = command.trains and trainer.global_step > start_step
         if isinstance(failure or error, UserError):
             defer_to_rank_zero(trainer)  # every rank refuses alike: rank 0 says it once and stops the others
             if trained:  # a finished (or started) training is never undone: say what failed, keep every file
@@ -173,7 +174,7 @@ def run_command(command: str, cli: ProjectCLI) -> None:
         lock.release()
 
 
-def _explain(command: str, cli: ProjectCLI, error: BaseException, start_step: int) -> BaseException | None:
+def _explain(command: Command, cli: ProjectCLI, error: BaseException, start_step: int) -> BaseException | None:
     """What ended ``command``, as its one line: a stop signal, a worker's own error, a lost or stuck rank; else None.
 
     Called before the other ranks are stopped, so that the rank that died first is told apart.
@@ -181,7 +182,7 @@ def _explain(command: str, cli: ProjectCLI, error: BaseException, start_step: in
     trainer = cli.trainer
     timeout_s = cli.plan.strategy_args.get("timeout_s") if cli.plan is not None else None
     restored = f"{cli.chosen.path} (step {start_step})" if cli.chosen is not None else None
-    if command == "check":
+    if command.self_test:
         return error_from_worker(error) or explain_rank_failure(
             error, trainer, timeout_s, "--join_timeout_s", "then run check again"
         )

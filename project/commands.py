@@ -1,33 +1,170 @@
-"""The commands of ``python -m project`` and the answers that need no training imports.
+"""The commands of ``python -m project``: one row each, and the answers that need no training imports.
+
+Each :class:`Command` row says what its command builds and does (whether it trains, takes a checkpoint, locks the
+run directory, tracks, tests after fit, may have its ranks started at once): :mod:`project.__main__`, the pre-parse
+(:mod:`project.launch.preparse`), the builder (:mod:`project.build`) and :mod:`project.cli` read the row instead of
+comparing the command's name. A new command is a new row.
 
 ``python -m project``, ``--help`` and an unknown command are answered here, before Lightning (about 5 s to import
-on 2 cores) is imported: :mod:`project.__main__` asks :func:`answer_without_training_imports` first.
+on 2 cores) is imported: :mod:`project.__main__` asks :func:`answer_without_training_imports` first. Standard
+library only.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
 
 from project.errors import UserError, run_reporting_user_errors
 
-COMMANDS = {
-    "fit": "train, validate, then test the best checkpoint",
-    "validate": "evaluate a checkpoint on the validation set",
-    "test": "evaluate a checkpoint on the test set",
-    "predict": "write predictions.csv for a checkpoint",
-    "plan": "resolve the parallel layout without training (--assume_gpus N, --json)",
-    "check": "self-test the layout: ranks, collectives, bandwidth, invariance, step time (check.json)",
-    "consolidate": "merge a sharded (fsdp) checkpoint folder into one plain file (CKPT_DIR [--out FILE])",
-    "sweep": "search hyperparameters on Optuna, each trial a fit (--sweep configs/sweeps/FILE.yaml)",
+
+class Builds(Enum):
+    """What a command builds before it runs."""
+
+    DRIVER = "its own driver process, which imports no torch (the sweep starts each trial as a fit process)"
+    FILES = "nothing but files: no config, no model, no Trainer"
+    MODEL_AND_DATA = "the model and the data from the config, no Trainer and no process"
+    TRAINER = "the model, the data and a Trainer, in every rank of the layout"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command of ``python -m project`` and what it does (every fact a place in the code reads).
+
+    Attributes:
+        name: The command, as typed.
+        help: Its line in ``python -m project --help``.
+        builds: What it builds before it runs.
+        trainer_method: The Trainer method it runs (``check`` runs ``fit`` on a copy of the layout); ``None``: none.
+        trains: It keeps what it trains: ``--resume`` continues its run, an elastic restart keeps the checkpoint's
+            global batch, and once a step ran nothing of the run is removed.
+        takes_checkpoint: It starts from ``--ckpt_path`` / ``--resume`` (a file or an object store's URL).
+        evaluates: It evaluates weights: without a checkpoint (or ``--ckpt_path none``) it refuses.
+        locks_run: It holds the run directory's lock (:mod:`project.run_lock`) for the whole command.
+        tracks: The ``tracking`` section's logger (MLflow) records it.
+        tests_after: ``--test_after_fit`` (default on) tests the best checkpoint afterwards.
+        stops_on_signal: A stop signal (SIGTERM, SIGUSR1) ends it at the same step on every rank, saved, exit 75.
+        writes_predictions: It writes ``predictions.csv`` unless the config lists a prediction writer.
+        self_test: It is the layout's self-test: its own options, the check's join timeout, nothing written but
+            ``check.json``.
+        starts_ranks_early: ``python -m project`` may fork its CPU ranks right after the imports
+            (:mod:`project.launch.early`) instead of Lightning's launcher starting them.
+    """
+
+    name: str
+    help: str
+    builds: Builds
+    trainer_method: str | None = None
+    trains: bool = False
+    takes_checkpoint: bool = False
+    evaluates: bool = False
+    locks_run: bool = False
+    tracks: bool = False
+    tests_after: bool = False
+    stops_on_signal: bool = False
+    writes_predictions: bool = False
+    self_test: bool = False
+    starts_ranks_early: bool = False
+
+    def __post_init__(self) -> None:
+        """A row that contradicts itself is a programming error, caught at import."""
+        runs = self.builds is Builds.TRAINER
+        assert runs == (self.trainer_method is not None), self.name
+        assert runs or not (self.trains or self.takes_checkpoint or self.starts_ranks_early), self.name
+        assert not (self.evaluates and self.trains) and (self.takes_checkpoint or not self.evaluates), self.name
+
+    @property
+    def builds_trainer(self) -> bool:
+        """It builds a Trainer in every rank (it resolves the layout before anything is built)."""
+        return self.builds is Builds.TRAINER
+
+    @property
+    def steps_optimizer(self) -> bool:
+        """It runs optimizer steps (``Trainer.fit``): what cannot accumulate or shard is refused before it starts."""
+        return self.trainer_method == "fit"
+
+
+COMMANDS: dict[str, Command] = {
+    row.name: row
+    for row in (
+        Command(
+            "fit",
+            "train, validate, then test the best checkpoint",
+            Builds.TRAINER,
+            "fit",
+            trains=True,
+            takes_checkpoint=True,
+            locks_run=True,
+            tracks=True,
+            tests_after=True,
+            stops_on_signal=True,
+            starts_ranks_early=True,
+        ),
+        Command(
+            "validate",
+            "evaluate a checkpoint on the validation set",
+            Builds.TRAINER,
+            "validate",
+            takes_checkpoint=True,
+            evaluates=True,
+            starts_ranks_early=True,
+        ),
+        Command(
+            "test",
+            "evaluate a checkpoint on the test set",
+            Builds.TRAINER,
+            "test",
+            takes_checkpoint=True,
+            evaluates=True,
+            starts_ranks_early=True,
+        ),
+        Command(
+            "predict",
+            "write predictions.csv for a checkpoint",
+            Builds.TRAINER,
+            "predict",
+            takes_checkpoint=True,
+            evaluates=True,
+            writes_predictions=True,
+            starts_ranks_early=True,
+        ),
+        Command(
+            "plan", "resolve the parallel layout without training (--assume_gpus N, --json)", Builds.MODEL_AND_DATA
+        ),
+        Command(
+            "check",
+            "self-test the layout: ranks, collectives, bandwidth, invariance, step time (check.json)",
+            Builds.TRAINER,
+            "fit",
+            self_test=True,
+            starts_ranks_early=True,
+        ),
+        Command(
+            "consolidate",
+            "merge a sharded (fsdp) checkpoint folder into one plain file (CKPT_DIR [--out FILE])",
+            Builds.FILES,
+        ),
+        Command(
+            "sweep",
+            "search hyperparameters on Optuna, each trial a fit (--sweep configs/sweeps/FILE.yaml)",
+            Builds.DRIVER,
+        ),
+    )
 }
-USAGE = (
-    "usage: python -m project {fit,validate,test,predict,plan,check,consolidate,sweep} --config FILE [options]\n\n"
-    + "".join(f"  {name:<11} {what}\n" for name, what in COMMANDS.items())
+USAGE = f"usage: python -m project {{{','.join(COMMANDS)}}} --config FILE [options]\n\n" + "".join(
+    f"  {row.name:<11} {row.help}\n" for row in COMMANDS.values()
 )
 
 
-def split_command(args: list[str]) -> tuple[str, list[str]]:
-    """The command and its arguments; top-level ``--help`` prints the commands and exits.
+def command_of(args: Sequence[str]) -> Command | None:
+    """The row of the command ``args`` start with; ``None`` when they start with none."""
+    return COMMANDS.get(args[0]) if args else None
+
+
+def split_command(args: list[str]) -> tuple[Command, list[str]]:
+    """The command's row and its arguments; top-level ``--help`` prints the commands and exits.
 
     Raises:
         UserError: an unknown command.
@@ -37,7 +174,7 @@ def split_command(args: list[str]) -> tuple[str, list[str]]:
         raise SystemExit(0 if args else 2)
     if args[0] not in COMMANDS:
         raise UserError(f"unknown command {args[0]!r}; use one of {', '.join(COMMANDS)} (see python -m project --help)")
-    return args[0], args[1:]
+    return COMMANDS[args[0]], args[1:]
 
 
 def answer_without_training_imports(args: list[str]) -> None:

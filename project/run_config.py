@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgres
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 from lightning.pytorch.profilers import PassThroughProfiler
 
+from project.commands import COMMANDS
 from project.errors import UserError
 
 # Trainer settings that the plan decides when `parallel` is given.
@@ -178,7 +179,8 @@ def refuse_trainer_overlap(parallel: Any, trainer: Namespace, defaults: Namespac
 
 
 def add_run_options(parser: LightningArgumentParser, command: str) -> None:
-    """The run options: ``--ckpt_path`` (fit, validate, test, predict), ``--resume`` and ``--test_after_fit`` (fit)."""
+    """The run options, as ``command``'s row says: ``--ckpt_path``, ``--resume`` (trains), ``--test_after_fit``."""
+    row = COMMANDS[command]
     parser.add_argument(
         "--ckpt_path",
         type=str | None,
@@ -186,7 +188,7 @@ def add_run_options(parser: LightningArgumentParser, command: str) -> None:
         help="Checkpoint to start from: a file, `last` (the newest good one of this run name) or `none` "
         "(validate/test/predict the weights the config builds, on purpose).",
     )
-    if command == "fit":
+    if row.trains:
         parser.add_argument(
             "--resume",
             type=Literal["auto"] | None,
@@ -194,6 +196,7 @@ def add_run_options(parser: LightningArgumentParser, command: str) -> None:
             help="auto: continue from the newest good checkpoint of this run name, in its run folder "
             "(a new run when there is none). `--ckpt_path last` does the same.",
         )
+    if row.tests_after:
         parser.add_argument(
             "--test_after_fit",
             type=bool,

@@ -15,6 +15,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from project.checkpoints.diff import diff_state_dicts
 from project.checkpoints.io import AtomicCheckpointIO
 from project.checkpoints.resume import NO_CHECKPOINT, Chosen
+from project.commands import COMMANDS
 from project.errors import UserError
 
 
@@ -23,7 +24,8 @@ def refuse_unknown_weights(command: str, model: L.LightningModule, chosen: Chose
 
     A module that loaded weights itself says where from in ``weights_from`` (as ``Classifier(weights=...)`` does).
     """
-    if command == "fit" or chosen is not None or asked == NO_CHECKPOINT or getattr(model, "weights_from", None):
+    evaluates = COMMANDS[command].evaluates  # fit trains the weights it builds
+    if not evaluates or chosen is not None or asked == NO_CHECKPOINT or getattr(model, "weights_from", None):
         return
     raise UserError(
         f"{command} without --ckpt_path would evaluate the freshly initialised weights of "

@@ -31,6 +31,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from project.checkpoints.loading import safe_load
 from project.checkpoints.sharded import is_sharded_checkpoint, read_checkpoint, read_summary
 from project.checkpoints.sharded_save import checkpoints_in, final_name, recover_swaps, remove_partial
+from project.commands import COMMANDS
 from project.errors import UserError
 from project.storage.pull import counts
 
@@ -203,13 +204,13 @@ def choose_checkpoint(
     name = RunName(run.parent, run.name) if run is not None else run_name(trainer)
     found = _find_newest_good(name)
     if found is None:
-        if command != "fit":
+        if not COMMANDS[command].trains:  # an evaluation needs weights; a training starts a new run
             raise UserError(
                 f"{asked}: no usable checkpoint under {name.root}; train first (fit) or give --ckpt_path PATH"
             )
         _say(f"{asked}: no checkpoint of this run name under {name.root} yet, starting a new run")
         return None
-    if command == "fit":
+    if COMMANDS[command].trains:  # a training continues in the run it resumes
         path = final_name(Path(found.path))  # where remove_partial_writes puts it, holding the run's lock
         run = path.parent.parent
         _continue_in(trainer, run)

@@ -21,13 +21,12 @@ from typing import Any
 
 import yaml
 
+from project.commands import command_of
 from project.plan.config import ParallelConfig
 from project.plan.scenarios import SCENARIOS
 
 #: ``PROJECT_EARLY_LAUNCH=0`` leaves starting the ranks to Lightning's launcher.
 OPT_OUT_ENV = "PROJECT_EARLY_LAUNCH"
-#: The commands that build a Trainer and run it (``plan`` starts no process, ``consolidate`` no Trainer).
-RUNNING_COMMANDS = ("fit", "validate", "test", "predict", "check")
 # Variables of a launcher that started this process (torchrun, SLURM, Ray, Kubeflow, MPI, LSF, Lightning's own
 # children) or of a user who set the ranks by hand: the ranks are someone else's to start.
 _LAUNCHED = (
@@ -76,7 +75,8 @@ def processes_to_start(
     if env.get(OPT_OUT_ENV, "").strip().lower() in ("0", "false", "no", "off"):
         return None
     # fork and the parent-death signal are Linux's; an interactive interpreter would run on after the command.
-    if sys.platform != "linux" or sys.flags.interactive or not argv or argv[0] not in RUNNING_COMMANDS:
+    command = command_of(argv)  # a command that builds a Trainer (plan starts no process, consolidate no Trainer)
+    if sys.platform != "linux" or sys.flags.interactive or command is None or not command.starts_ranks_early:
         return None
     if any(key in env for key in _LAUNCHED) or any(key.startswith("JSONARGPARSE_") for key in env):
         return None  # JSONARGPARSE_*: the parser may read options from the environment

@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 
+from project.commands import COMMANDS
 from project.errors import UserError
 from project.tracking.callback import TrackingCallback
 from project.tracking.config import resolve_store, resumed_run_id, tracking_settings
@@ -22,14 +23,15 @@ def attach_tracking(trainer: L.Trainer, section: Any, chosen: Any, command: str)
         trainer: The built Trainer; its first logger (TensorBoard) owns the run directory.
         section: The parsed ``tracking`` section (``None``: absent).
         chosen: The checkpoint the command starts from (:class:`project.checkpoints.resume.Chosen`), or ``None``.
-        command: The command; only ``fit`` is tracked.
+        command: The command; only one whose row tracks (``fit``) is.
 
     Raises:
         UserError: no logger owns a run directory, or MLflow cannot use the store (rank 0 checks it, before any
             file of the run is written).
     """
     settings = tracking_settings(section)
-    if settings is None or command != "fit" or trainer.fast_dev_run:  # fast_dev_run turns Lightning's loggers off
+    # fast_dev_run turns Lightning's loggers off
+    if settings is None or not COMMANDS[command].tracks or trainer.fast_dev_run:
         return
     if not trainer.loggers:
         raise UserError(
