@@ -147,6 +147,7 @@ def run_once(variant: str, row: Row, repeat: int, inputs: tuple[Path, Path], wor
     record = json.loads(record_path.read_text())
     record["startup_s"] = record["first_step_wall"] - start
     record["wall_s"] = wall
+    record["load_1m"] = os.getloadavg()[0]  # how shared the cores were over the run's last minute
     # Keep the log of a good run only as long as it is needed: the run directory holds checkpoints.
     shutil.rmtree(run_dir, ignore_errors=True)
     return Run(variant, repeat, wall, record)

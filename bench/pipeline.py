@@ -8,7 +8,7 @@ ways of a repeat run one after the other) with its range; the target is at least
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench.harness import RowResult
 from bench.workloads import CHARGPT, QUICK_CHARGPT, Row
@@ -16,6 +16,9 @@ from bench.workloads import CHARGPT, QUICK_CHARGPT, Row
 #: template / raw tokens/s the pipeline rows aim for (the raw loop is the reference).
 TARGET = 0.95
 SCHEDULES = ("1f1b", "gpipe")
+#: configs/chargpt.yaml's GPT and batch: a step takes about as long as one process's (two stages, two cores), so
+#: fewer steps than the DDP rows, still two 50-step windows after the warm-up.
+PIPELINE_CHARGPT = replace(CHARGPT, steps=120, warmup=20)
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class Pipeline:
 
 def rows(quick: bool, schedules: tuple[str, ...] = SCHEDULES) -> list[Row]:
     """The GPT at 2 stages on 2 processes (one pipeline, no data parallelism), raw and template, per schedule."""
-    workload = QUICK_CHARGPT if quick else CHARGPT
+    workload = QUICK_CHARGPT if quick else PIPELINE_CHARGPT
     chosen = schedules[:1] if quick else schedules
     return [Row(workload, 2, variants=("raw", "template"), pipeline=Pipeline(2, name)) for name in chosen]
 
@@ -68,11 +71,12 @@ def pipeline_table(results: list[RowResult]) -> list[str]:
         "The raw loop (`bench/raw_pipeline.py`: `PipelineStage` and the same schedule, as torch's docs write it) is "
         f"the reference. template / raw: the median over the repeats of each repeat's ratio (the two ran one after "
         f"the other), with the range over the repeats; target >= {TARGET:.2f}x. Noise: (max - min) / median of "
-        "each way's tokens/s over the repeats.",
+        "each way's tokens/s over the repeats. Load: the 1-minute load average at the end of each run, lowest to "
+        "highest (above the core count, other work shared the cores).",
         "",
         "| workload, layout | raw tokens/s | template tokens/s | **template / raw** (range) | target | met "
-        "| noise raw | noise template | repeats |",
-        "| --- | ---: | ---: | ---: | --- | :-: | ---: | ---: | ---: |",
+        "| noise raw | noise template | repeats | load |",
+        "| --- | ---: | ---: | ---: | --- | :-: | ---: | ---: | ---: | ---: |",
     ]
     for result in found:
         workload = result.row.workload
@@ -85,7 +89,10 @@ def pipeline_table(results: list[RowResult]) -> list[str]:
         met = "—" if ratio is None else ("yes" if ratio >= TARGET else "**no**")
         noise = [result.spread(v, "steps_per_s") for v in ("raw", "template")]
         cells = " | ".join("—" if n is None else f"{n * 100:.0f}%" for n in noise)
+        loads = [run.record["load_1m"] for run in result.runs if run.record and "load_1m" in run.record]
+        load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "—"
         lines.append(
-            f"| {result.row.title} | {raw} | {tpl} | **{text}** | >= {TARGET:.2f}x | {met} | {cells} | {len(pairs)} |"
+            f"| {result.row.title} | {raw} | {tpl} | **{text}** | >= {TARGET:.2f}x | {met} | {cells} "
+            f"| {len(pairs)} | {load} |"
         )
     return [*lines, ""]
