@@ -42,7 +42,7 @@ from project.parallel.compile import CompileAfterWrap
 from project.parallel.strategies import trainer_kwargs
 from project.parallel.threads import apply_cpu_threads
 from project.parser_stubs import resolve_stubs_in_process
-from project.plan.config import Hardware, ParallelConfig
+from project.plan.config import MOVED_FIELDS, Hardware, ParallelConfig
 from project.plan.environment import detect_environment, refuse_stray_rank
 from project.plan.resolve import Plan, resolve_plan
 from project.run_config import (
@@ -110,6 +110,7 @@ class ProjectCLI(LightningCLI):
             help="The seed's DP/DDP scenarios as one section; see configs/parallel/ and `plan`. "
             "null leaves the layout to the trainer settings (plain Lightning).",
         )
+        parser.moved_options = {f"parallel.{old}": f"parallel.{new}" for old, new in MOVED_FIELDS.items()}
         parser.add_argument(
             "--tracking",
             type=TrackingConfig | None,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import NoReturn
 
 import yaml
@@ -16,13 +18,17 @@ from project.errors import UserError, debug_enabled, exit_with
 class ProjectArgumentParser(LightningArgumentParser):
     """LightningArgumentParser whose errors are one line and a tip, not a page of usage."""
 
+    #: Options of an earlier version under their old keys -> their keys now (``parallel.sharding`` ->
+    #: ``parallel.fsdp.sharding``), set by whoever adds the section (project.build): an old key's error says the new.
+    moved_options: Mapping[str, str] = MappingProxyType({})
+
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         """Report a bad command line or config in one line and exit with code 2."""
         if not self.exit_on_error or debug_enabled():
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         detail = (
-            _unknown_option(message)
+            _unknown_option(message, self.moved_options)
             or _bad_choice(message)
             or _bad_type(message)
             or " ".join(line.strip() for line in message.splitlines() if line.strip())
@@ -31,12 +37,20 @@ class ProjectArgumentParser(LightningArgumentParser):
         exit_with(UserError(f"{detail[:600]} (see {prog} --help)"))
 
 
-def _unknown_option(message: str) -> str | None:
-    """The gist of jsonargparse's page-long report on a nested class: "unknown option 'gpus' in parallel"."""
+def _unknown_option(message: str, moved: Mapping[str, str]) -> str | None:
+    """The gist of jsonargparse's page-long report on a nested class: "unknown option 'gpus' in parallel".
+
+    An option that moved says where to: "parallel.sharding is now parallel.fsdp.sharding: write ...".
+    """
     option = re.search(r"Option '([^']+)' is not accepted", message)
     if option is None:
         return None
     where = ".".join(re.findall(r'Parser key "([^"]+)"', message))
+    key = f"{where}.{option.group(1)}" if where else option.group(1)
+    if key in moved:
+        new = moved[key]
+        in_file = " under ".join(f"`{part}:`" for part in reversed(new.split(".")))
+        return f"{key} is now {new}: write --{new} on the command line, or {in_file} in a config file"
     return f"unknown option '{option.group(1)}'" + (f" in {where}" if where else "")
 
 

@@ -170,7 +170,7 @@ def refuse_trainer_overlap(parallel: Any, trainer: Namespace, defaults: Namespac
             setting = f"parallel.{renamed.get(key, key)}"
             # 'ddp_find_unused_parameters_true', or DDPStrategy with find_unused_parameters=True
             if key == "strategy" and re.search(r"find_unused_parameters\W*_?true", str(value), re.IGNORECASE):
-                setting = "`parallel.find_unused_parameters: true`"
+                setting = "`parallel.ddp.find_unused_parameters: true`"
             raise UserError(
                 f"trainer.{key}={value!r} and the parallel section both set the layout; "
                 f"drop trainer.{key} and set {setting} instead (the parallel section decides it), "

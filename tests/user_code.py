@@ -181,7 +181,7 @@ class ShapedPredictions(Classifier):
 class PartlyUsedHeads(Classifier):
     """The digits classifier with an auxiliary head whose loss counts only before step ``aux_until_step``.
 
-    From that step on the head gets no gradient: under DDP without ``parallel.find_unused_parameters`` from the
+    From that step on the head gets no gradient: under DDP without ``parallel.ddp.find_unused_parameters`` from the
     first step (``aux_until_step=0``, a head never trained) or from a later one (a schedule that drops a loss).
     """
 

@@ -12,7 +12,7 @@ and the old one removed. A kill in between leaves the newest complete checkpoint
 :func:`committed` finds it for ``--resume auto`` and :func:`recover_swaps` (the next run, holding the lock)
 completes the swap; an ``.old`` is never left behind.
 
-:func:`save_sharded` does all of it before returning (``parallel.async_save: false``);
+:func:`save_sharded` does all of it before returning (``parallel.fsdp.async_save: false``);
 :mod:`project.checkpoints.sharded_async` runs the same steps in the background.
 """
 

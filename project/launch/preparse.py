@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from project.commands import command_of
-from project.plan.config import ParallelConfig
+from project.plan.config import SUBSECTIONS, ParallelConfig
 from project.plan.scenarios import SCENARIOS
 
 #: ``PROJECT_EARLY_LAUNCH=0`` leaves starting the ranks to Lightning's launcher.
@@ -45,6 +45,8 @@ _LAUNCHED = (
     "JSM_NAMESPACE_RANK",
 )
 _FIELDS = frozenset(field.name for field in fields(ParallelConfig))
+# A subsection's field on the command line: --parallel.fsdp.sharding (it decides no process count).
+_SUBFIELDS = frozenset(f"{name}.{field.name}" for name, kind in SUBSECTIONS.items() for field in fields(kind))
 _NUMBER = re.compile(r"^\d+$")
 _WORD = re.compile(r"^[a-z_]+$")
 
@@ -116,7 +118,7 @@ def parallel_section(args: Sequence[str]) -> dict[str, Any] | None:
             raise Unreadable("a whole section on the command line")
         else:
             key = name.removeprefix("--parallel.")
-            if key not in _FIELDS:
+            if key not in _FIELDS | _SUBFIELDS:
                 raise Unreadable(f"parallel.{key}")
             section = {**(section or {}), key: _Given(value)}
     return section

@@ -10,7 +10,7 @@ any other rank names its peer when there is only one, and otherwise leaves that 
 One user mistake surfaces here too: a parameter that got no gradient under DDP without
 ``find_unused_parameters``, which DDP reports at the next step as "Expected to have finished reduction in
 the prior iteration" (Lightning's rewording names ``strategy='ddp_find_unused_parameters_true'``, a
-setting the parallel section refuses). It becomes one line naming ``parallel.find_unused_parameters``.
+setting the parallel section refuses). It becomes one line naming ``parallel.ddp.find_unused_parameters``.
 """
 
 from __future__ import annotations
@@ -75,7 +75,9 @@ def unused_parameters_error(model: str, names: list[str], when: str, parallel: b
     listed = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     subject = f"{len(names)} parameter(s) of {model} ({listed})" if names else f"a parameter of {model}"
     setting = (
-        "`parallel.find_unused_parameters: true`" if parallel else "`trainer.strategy: ddp_find_unused_parameters_true`"
+        "`parallel.ddp.find_unused_parameters: true`"
+        if parallel
+        else "`trainer.strategy: ddp_find_unused_parameters_true`"
     )
     return UnusedParametersError(
         f"{subject} got no gradient in {when}, and DDP needs one for every trainable parameter in every step "

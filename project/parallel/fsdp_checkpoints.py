@@ -2,7 +2,7 @@
 
 A mixin of :class:`~project.parallel.fsdp.FullyShardStrategy`: every rank writes its shards into a hidden folder
 and rank 0 moves it onto the name once complete (:mod:`project.checkpoints.sharded_save`), in the background with
-``parallel.async_save`` (:mod:`project.checkpoints.sharded_async`); a load reshards onto this world size, or shards
+``parallel.fsdp.async_save`` (:mod:`project.checkpoints.sharded_async`); a load reshards onto this world size, or shards
 a plain file here (:mod:`project.checkpoints.sharded_load`), both under the project's pickle policy.
 """
 

@@ -96,7 +96,7 @@ def resolve_wrap_classes(module: nn.Module, wrap_modules: list[str] | None) -> l
         if not found:
             have = ", ".join(sorted(cls.__name__ for cls in present)) or "none"
             raise UserError(
-                f"parallel.wrap_modules lists {name!r}, but {type(module).__name__}'s networks have no module of "
+                f"parallel.fsdp.wrap_modules lists {name!r}, but {type(module).__name__}'s networks have no module of "
                 f"that class (they have: {have}); name one of those, or leave wrap_modules unset for the default"
             )
         chosen += [cls for cls in found if cls not in chosen]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal, get_args, get_origin, get_type_hints
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from project.errors import UserError
 from project.plan.scenarios import SCENARIO_NAMES
@@ -59,8 +59,52 @@ class PipelineParallel:
 
 
 @dataclass
+class DdpOptions:
+    """The ``parallel.ddp`` subsection: DistributedDataParallel's own flags (scenarios cpu, dp, ddp, fork, zero1).
+
+    Args:
+        find_unused_parameters: DDP's flag for models whose forward skips parameters.
+        broadcast_buffers: The seed's DDP flag: copy rank 0's buffers (BatchNorm statistics) to every rank at each
+            forward. The seed sets it False.
+    """
+
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+
+
+@dataclass
+class FsdpOptions:
+    """The ``parallel.fsdp`` subsection: how ``fully_shard`` shards, and how sharded checkpoints are written.
+
+    Args:
+        sharding: full (parameters, gradients and optimizer state sharded) | grad_op (gradients and optimizer
+            state only) | hybrid (full within a node, replicated across nodes). Scenario fsdp only, as are
+            ``cpu_offload`` and ``wrap_modules``.
+        cpu_offload: Keep the sharded parameters and optimizer state in CPU memory.
+        wrap_modules: Class names (``Linear``) or import paths of the modules sharded as one unit each;
+            ``None`` shards the model's largest child modules as the plan shows.
+        async_save: Sharded checkpoints (fsdp, and tensor-parallel runs, which the same strategy builds): copy the
+            state in memory and write it in the background, at most one save in flight (training goes on while the
+            disk works); false: every rank waits for its write.
+    """
+
+    sharding: Sharding = "full"
+    cpu_offload: bool = False
+    wrap_modules: list[str] | None = None
+    async_save: bool = True
+
+
+@dataclass
 class ParallelConfig:
     """The ``parallel`` config section.
+
+    Each strategy's own options sit in its subsection (``ddp``, ``fsdp``, ``tensor_parallel``,
+    ``pipeline_parallel``): they mean something to that strategy alone, so a reader sees which options a scenario
+    reads, and a new strategy or degree adds a subsection, not more flat fields. What every strategy reads stays
+    flat: the batch (global, per-device, accumulation, micro-batch, learning-rate scaling), the processes and their
+    launcher (devices, num_nodes, backend, timeout_s, launcher), the model's precision and conversions that apply
+    under any strategy (precision, compile, sync_batchnorm), threads, stragglers and stops. A flat name that moved
+    is refused with its new one (:data:`MOVED_FIELDS`).
 
     Args:
         scenario: auto (every GPU, one GPU, or the CPU), or a row of the scenario table
@@ -87,24 +131,17 @@ class ParallelConfig:
         reference_batch_size: The global batch the learning rate was tuned for (needed by ``lr_scaling``).
         warmup_steps: Optimizer steps over which the learning rate rises linearly to its (scaled) value.
         backend: auto (nccl on GPUs, gloo on CPU) | nccl | gloo.
-        broadcast_buffers: The seed's DDP flag: copy rank 0's buffers (BatchNorm statistics) to
-            every rank at each forward. The seed sets it False.
         sync_batchnorm: Convert BatchNorm to SyncBatchNorm (GPUs only).
-        find_unused_parameters: DDP's flag for models whose forward skips parameters.
         timeout_s: Seconds a collective of the process group may wait before failing (the barrier
             callback has its own ``timeout_s``).
         launcher: auto (Lightning's launcher, or the outside one that started the processes: torchrun,
             SLURM, Kubeflow) | ray (the same run as a Ray Train job; ``pip install -e .[ray]``).
-        sharding: fsdp only: full (parameters, gradients and optimizer state sharded) | grad_op (gradients
-            and optimizer state only) | hybrid (full within a node, replicated across nodes).
-        cpu_offload: fsdp only: keep the sharded parameters and optimizer state in CPU memory.
-        async_save: Sharded (fsdp) checkpoints: copy the state in memory and write it in the background, at most
-            one save in flight (training goes on while the disk works); false: every rank waits for its write.
-        wrap_modules: fsdp only: class names (``Linear``) or import paths of the modules sharded as one unit
-            each; ``None`` shards the model's largest child modules as the plan shows.
         compile: Apply ``torch.compile`` to the model after the DDP/FSDP wrap.
         precision: 32 | 64 (float64 everywhere: equivalences without float noise) | bf16-mixed | 16-mixed (GPUs
             only): the Trainer's precision, owned by the plan.
+        ddp: DDP's flags (``find_unused_parameters``, ``broadcast_buffers``).
+        fsdp: FSDP's sharding (``sharding``, ``cpu_offload``, ``wrap_modules``) and sharded checkpoints'
+            ``async_save``.
         tensor_parallel: Tensor parallelism (``size``, ``plan``); with ``scenario: fsdp`` it is 2-D (FSDP over
             the data-parallel degree, tensor parallel within each group).
         pipeline_parallel: Pipeline parallelism (``size``, ``schedule``, ``microbatches``, ``split_points``):
@@ -131,15 +168,9 @@ class ParallelConfig:
     reference_batch_size: int | None = None
     warmup_steps: int = 0
     backend: Backend = "auto"
-    broadcast_buffers: bool = True
     sync_batchnorm: bool = False
-    find_unused_parameters: bool = False
     timeout_s: float = 1800.0
     launcher: Launcher = "auto"
-    sharding: Sharding = "full"
-    cpu_offload: bool = False
-    async_save: bool = True
-    wrap_modules: list[str] | None = None
     compile: bool = False
     precision: Precision = "32"
     straggler_every_n_steps: int = 50
@@ -147,15 +178,30 @@ class ParallelConfig:
     cpu_threads: int | None = None
     stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"])
     stop_grace_s: float = 20.0
+    ddp: DdpOptions = field(default_factory=DdpOptions)
+    fsdp: FsdpOptions = field(default_factory=FsdpOptions)
     tensor_parallel: TensorParallel = field(default_factory=TensorParallel)
     pipeline_parallel: PipelineParallel = field(default_factory=PipelineParallel)
 
     def __post_init__(self) -> None:
         # The parser hands a subsection over as a mapping (``Namespace.as_dict``).
-        if isinstance(self.tensor_parallel, dict):
-            self.tensor_parallel = TensorParallel(**self.tensor_parallel)
-        if isinstance(self.pipeline_parallel, dict):
-            self.pipeline_parallel = PipelineParallel(**self.pipeline_parallel)
+        for name, kind in SUBSECTIONS.items():
+            if isinstance(getattr(self, name), dict):
+                setattr(self, name, kind(**getattr(self, name)))
+
+
+#: The subsections of ``parallel``, by field name.
+SUBSECTIONS: dict[str, Any] = {
+    "ddp": DdpOptions,
+    "fsdp": FsdpOptions,
+    "tensor_parallel": TensorParallel,
+    "pipeline_parallel": PipelineParallel,
+}
+#: The flat names of earlier versions -> their place now (``sharding`` -> ``fsdp.sharding``): the parser's error for
+#: an old name says its new one (project.config_errors).
+MOVED_FIELDS: dict[str, str] = {
+    option.name: f"{name}.{option.name}" for name in ("ddp", "fsdp") for option in fields(SUBSECTIONS[name])
+}
 
 
 @dataclass(frozen=True)
@@ -166,15 +212,19 @@ class Hardware:
     assumed: bool = False
 
 
-def refuse_unknown_choices(config: ParallelConfig) -> None:
-    """Every ``Literal`` field of the section holds one of its choices (a config built in code skips the parser).
+def refuse_unknown_choices(config: Any, prefix: str = "parallel") -> None:
+    """Every ``Literal`` field of the section and its subsections holds one of its choices.
+
+    A config built in code skips the parser, which checks them otherwise.
 
     Raises:
         UserError: naming the field, the value and the choices.
     """
-    hints = get_type_hints(ParallelConfig)
-    for name, hint in hints.items():
-        choices = get_args(hint) if get_origin(hint) is Literal else ()
+    for name, hint in get_type_hints(type(config)).items():
         value = getattr(config, name)
+        if is_dataclass(value):
+            refuse_unknown_choices(value, f"{prefix}.{name}")
+            continue
+        choices = get_args(hint) if get_origin(hint) is Literal else ()
         if choices and value not in choices:
-            raise UserError(f"parallel.{name}={value!r} is not one of {', '.join(map(str, choices))}")
+            raise UserError(f"{prefix}.{name}={value!r} is not one of {', '.join(map(str, choices))}")

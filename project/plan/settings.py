@@ -35,23 +35,24 @@ def resolve_backend(config: ParallelConfig, layout: Layout) -> str | None:
 
 
 def _sharding_notes(config: ParallelConfig, layout: Layout, strategy: str, start_method: str) -> list[str]:
-    """The ``fsdp`` fields checked against the layout, and what the plan says about them.
+    """The ``parallel.fsdp`` fields checked against the layout, and what the plan says about them.
 
     Raises:
         UserError: an fsdp field with another scenario, hybrid on one node, fsdp in a notebook.
     """
+    fsdp = config.fsdp
     fields = {"sharding": "full", "cpu_offload": False, "wrap_modules": None}
     if layout.scenario != "fsdp":
         for name, default in fields.items():
-            if getattr(config, name) != default:
+            if getattr(fsdp, name) != default:
                 raise UserError(
-                    f"parallel.{name}={getattr(config, name)!r} applies to scenario fsdp only, and this plan's "
+                    f"parallel.fsdp.{name}={getattr(fsdp, name)!r} applies to scenario fsdp only, and this plan's "
                     f"scenario is {layout.scenario!r}; drop it, or set parallel.scenario: fsdp"
                 )
         return []
-    if config.sharding == "hybrid" and layout.num_nodes < 2:
+    if fsdp.sharding == "hybrid" and layout.num_nodes < 2:
         raise UserError(
-            f"parallel.sharding='hybrid' shards within a node and replicates across nodes, but num_nodes="
+            f"parallel.fsdp.sharding='hybrid' shards within a node and replicates across nodes, but num_nodes="
             f"{layout.num_nodes}; use sharding full (or grad_op) on one node, or set parallel.num_nodes > 1"
         )
     if strategy == "single_device":
@@ -68,16 +69,16 @@ def _sharding_notes(config: ParallelConfig, layout: Layout, strategy: str, start
         "full": "parameters, gradients and optimizer state",
         "grad_op": "gradients and optimizer state (parameters stay gathered from forward to backward)",
         "hybrid": "parameters, gradients and optimizer state",
-    }[config.sharding]
+    }[fsdp.sharding]
     across = (
         f"within each node ({layout.dp_shard} processes), replicated across {layout.dp_replicate} nodes"
-        if config.sharding == "hybrid"
+        if fsdp.sharding == "hybrid"
         else f"over all {layout.dp_shard} processes"
     )
-    notes = [f"fsdp {config.sharding}: {what} sharded {across}; checkpoints are sharded folders"]
+    notes = [f"fsdp {fsdp.sharding}: {what} sharded {across}; checkpoints are sharded folders"]
     if layout.accelerator == "cpu":
         notes.append("fsdp on CPU processes over gloo (no GPU visible): the same FSDP2 code as on GPUs")
-        if config.cpu_offload:
+        if fsdp.cpu_offload:
             notes.append("cpu_offload on CPU processes changes nothing: the parameters are in host memory already")
     return notes
 
@@ -85,8 +86,8 @@ def _sharding_notes(config: ParallelConfig, layout: Layout, strategy: str, start
 def setting_notes(config: ParallelConfig, layout: Layout, strategy: str, start_method: str) -> list[str]:
     """The notes that do not depend on the batch: buffers, precision, compile, sharding, start method."""
     notes: list[str] = []
-    if layout.world_size > 1 and not config.broadcast_buffers:
-        notes.append("broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs")
+    if layout.world_size > 1 and not config.ddp.broadcast_buffers:
+        notes.append("ddp.broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs")
     precision_note = check_precision(config.precision, layout.accelerator)
     if precision_note:
         notes.append(precision_note)

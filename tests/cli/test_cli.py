@@ -91,7 +91,7 @@ def test_plan_for_the_seed_scenarios_on_8_gpus(tmp_path):
     assert dp_all["world_size"] == 8 and dp_all["devices"] == list(range(8))
     assert dp_012["devices"] == [0, 1, 2] and dp_012["world_size"] == 3
     assert dp_012["per_device_batch_size"] == dp_012["global_batch_size"] // 3
-    assert ddp["strategy"]["name"] == "ddp" and ddp["strategy"]["broadcast_buffers"] is False
+    assert ddp["strategy"]["name"] == "ddp" and ddp["strategy"]["ddp"]["broadcast_buffers"] is False
     assert_clean_error(bad, "16", "15 or 18")
 
 
@@ -100,7 +100,7 @@ def test_plan_for_8_gpus_shows_fsdp_precision_compile_and_memory_beside_ddp(tmp_
     result = run_cli([*args, "--parallel.precision", "bf16-mixed", "--parallel.compile", "true"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
-    assert data["strategy"]["name"] == "fsdp" and data["strategy"]["sharding"] == "full"
+    assert data["strategy"]["name"] == "fsdp" and data["strategy"]["fsdp"]["sharding"] == "full"
     assert data["precision"] == "bf16-mixed" and data["compile"] is True
     memory = data["memory"]
     assert memory["planned"] == "fsdp" and "activations" in memory["note"]

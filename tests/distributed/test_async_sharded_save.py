@@ -1,8 +1,8 @@
-"""``parallel.async_save``: sharded (fsdp) checkpoints copied in memory and written in the background.
+"""``parallel.fsdp.async_save``: sharded (fsdp) checkpoints copied in memory and written in the background.
 
 Real 2-process fsdp runs over gloo of test_fsdp's configuration (one epoch of 43 steps, ``last.ckpt`` every 10):
 
-- an async run (the default) and a sync one (``--parallel.async_save false``) end at the same state;
+- an async run (the default) and a sync one (``--parallel.fsdp.async_save false``) end at the same state;
 - every rank SIGKILLed while the save of step 20 is written in the background, training already two steps
   further: step 10's checkpoint is still under the name, step 20's a hidden folder, and ``fit --resume auto``
   continues from step 10 to the uninterrupted run's weights;
@@ -76,15 +76,15 @@ def test_async_and_sync_saves_end_at_the_same_state_and_a_kill_while_writing_res
     runs = {name: tmp_path / name for name in ("async", "sync", "killed")}
     done = two_at_a_time(
         lambda: fit(runs["async"]),
-        lambda: fit(runs["sync"], "--parallel.async_save", "false"),
+        lambda: fit(runs["sync"], "--parallel.fsdp.async_save", "false"),
         lambda: fit(runs["killed"], fault("KillWhileWriting", step=20)),
     )
     for result in done[:2]:
         assert result.returncode == 0, said(result)
     (run,) = run_dirs(runs["async"])
-    assert read_plan(run)["strategy"]["async_save"] is True
+    assert read_plan(run)["strategy"]["fsdp"]["async_save"] is True
     (run,) = run_dirs(runs["sync"])
-    assert read_plan(run)["strategy"]["async_save"] is False
+    assert read_plan(run)["strategy"]["fsdp"]["async_save"] is False
     want = full(checkpoints(runs["async"]) / "last.ckpt")
     assert want["global_step"] == STEPS
     assert_same_state(full(checkpoints(runs["sync"]) / "last.ckpt"), want)

@@ -203,6 +203,21 @@ CASES = {
         ("sweep", "--config", DIGITS, "--config", FAST, "--sweep", "{tmp}/typo.yaml"),
         ("does not take the sweep's keys", "learning_rate"),
     ),
+    # Issue 35: each strategy's options moved into its subsection; an old flat name says its new one.
+    "old-flat-name-on-the-command-line": Case(
+        ("fit", *BASE, "--parallel.sharding", "hybrid"),
+        ("parallel.sharding is now parallel.fsdp.sharding", "write --parallel.fsdp.sharding"),
+        absent=("unknown option",),
+    ),
+    "old-flat-name-in-a-config-file": Case(
+        ("fit", *BASE, "--config", "{tmp}/old_names.yaml"),
+        ("parallel.broadcast_buffers is now parallel.ddp.broadcast_buffers", "`broadcast_buffers:` under `ddp:`"),
+        absent=("unknown option",),
+    ),
+    "old-flat-name-in-a-sweep-space": Case(
+        ("sweep", "--config", DIGITS, "--config", FAST, "--sweep", "{tmp}/old_space.yaml"),
+        ("old_space.yaml", "does not take the sweep's keys", "parallel.async_save is now parallel.fsdp.async_save"),
+    ),
 }
 # Config files for the cases above: a module that logs no val/acc; a net_attribute that does not exist.
 MODEL_ATTRIBUTE_YAML = """model:
@@ -245,6 +260,10 @@ def run_case(name: str, case: Case, template: Path, root: Path) -> dict:
     (cwd / "net_attribute.yaml").write_text(NET_ATTRIBUTE_YAML)
     (cwd / "model_attribute.yaml").write_text(MODEL_ATTRIBUTE_YAML)
     (cwd / "typo.yaml").write_text("parameters:\n  optimizer.init_args.learning_rate: {type: float, low: 0.1, high: 1}")
+    (cwd / "old_names.yaml").write_text("parallel:\n  scenario: cpu\n  broadcast_buffers: false\n")
+    (cwd / "old_space.yaml").write_text(
+        "parameters:\n  parallel.async_save: {type: categorical, choices: [true, false]}"
+    )
     (cwd / "loop.ckpt").symlink_to(cwd / "loop.ckpt")
     (cwd / "shards.ckpt").mkdir()  # a sharded checkpoint's shards and meta.pt, without DCP's .metadata
     for name in ("__0_0.distcp", "__1_0.distcp", "meta.pt"):

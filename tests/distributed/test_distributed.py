@@ -43,7 +43,7 @@ def ddp_run(tmp_path_factory) -> Path:
 def test_cpu_ddp_fit_runs_two_processes_and_reaches_accuracy(ddp_run):
     plan = read_plan(ddp_run)
     assert plan["world_size"] == 2 and plan["runtime"]["world_size"] == 2
-    assert plan["backend"] == "gloo" and plan["strategy"]["broadcast_buffers"] is False
+    assert plan["backend"] == "gloo" and plan["strategy"]["ddp"]["broadcast_buffers"] is False
     assert read_scalars(ddp_run)["test/acc"][-1][1] >= 0.93
 
 

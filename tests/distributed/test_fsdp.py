@@ -110,11 +110,12 @@ def test_fsdp_plans_its_sharding_on_gpus_and_on_cpu_processes():
     full = plan(8, scenario="fsdp")
     assert (full.strategy, full.backend, full.world_size) == ("fsdp", "nccl", 8)
     assert full.degrees == {"dp_replicate": 1, "dp_shard": 8, "tp": 1} and full.dp_size == 8
-    assert full.strategy_args["sharding"] == "full" and full.strategy_args["reshard_after_forward"] is True
-    grad_op = plan(8, scenario="fsdp", sharding="grad_op", cpu_offload=True, wrap_modules=["Linear"])
-    assert grad_op.strategy_args["reshard_after_forward"] is False and grad_op.strategy_args["cpu_offload"] is True
-    assert grad_op.strategy_args["wrap_modules"] == ["Linear"]
-    hybrid = plan(8, scenario="fsdp", sharding="hybrid", num_nodes=2)
+    assert full.strategy_args["fsdp"]["sharding"] == "full" and full.strategy_args["reshard_after_forward"] is True
+    grad_op = plan(8, scenario="fsdp", fsdp={"sharding": "grad_op", "cpu_offload": True, "wrap_modules": ["Linear"]})
+    assert grad_op.strategy_args["reshard_after_forward"] is False
+    assert grad_op.strategy_args["fsdp"]["cpu_offload"] is True
+    assert grad_op.strategy_args["fsdp"]["wrap_modules"] == ["Linear"]
+    hybrid = plan(8, scenario="fsdp", fsdp={"sharding": "hybrid"}, num_nodes=2)
     assert hybrid.world_size == 16 and hybrid.degrees == {"dp_replicate": 2, "dp_shard": 8, "tp": 1}
     assert any("within each node (8 processes), replicated across 2 nodes" in note for note in hybrid.notes)
     cpu = plan(0, scenario="fsdp", devices=2)
@@ -128,10 +129,16 @@ def test_fsdp_plans_its_sharding_on_gpus_and_on_cpu_processes():
 @pytest.mark.parametrize(
     ("fields", "needle"),
     [
-        ({"scenario": "ddp", "sharding": "grad_op"}, "parallel.sharding='grad_op' applies to scenario fsdp only"),
-        ({"scenario": "cpu", "cpu_offload": True}, "parallel.cpu_offload=True applies to scenario fsdp only"),
-        ({"wrap_modules": ["Linear"]}, "parallel.wrap_modules=['Linear'] applies to scenario fsdp only"),
-        ({"scenario": "fsdp", "sharding": "hybrid"}, "but num_nodes=1; use sharding full"),
+        (
+            {"scenario": "ddp", "fsdp": {"sharding": "grad_op"}},
+            "parallel.fsdp.sharding='grad_op' applies to scenario fsdp only",
+        ),
+        (
+            {"scenario": "cpu", "fsdp": {"cpu_offload": True}},
+            "parallel.fsdp.cpu_offload=True applies to scenario fsdp only",
+        ),
+        ({"fsdp": {"wrap_modules": ["Linear"]}}, "parallel.fsdp.wrap_modules=['Linear'] applies to scenario fsdp only"),
+        ({"scenario": "fsdp", "fsdp": {"sharding": "hybrid"}}, "but num_nodes=1; use sharding full"),
     ],
 )
 def test_fsdp_fields_that_cannot_apply_are_one_line(fields, needle):
@@ -144,7 +151,8 @@ def test_plan_for_8_gpus_shows_fsdp_sharding_and_units(tmp_path):
     assert result.returncode == 0, said(result)
     data = json.loads(result.stdout.strip().splitlines()[-1])
     strategy = data["strategy"]
-    assert strategy["name"] == "fsdp" and strategy["sharding"] == "full" and strategy["cpu_offload"] is False
+    assert strategy["name"] == "fsdp" and strategy["fsdp"]["sharding"] == "full"
+    assert strategy["fsdp"]["cpu_offload"] is False
     assert strategy["units"] == {"roots": ["net"], "classes": ["Linear", "BatchNorm1d"], "units": 5}
     assert data["degrees"] == {"dp_replicate": 1, "dp_shard": 8, "tp": 1} and data["backend"] == "nccl"
     # plan refuses, at any world size (fit on several processes, before training): a class the networks lack.
@@ -153,8 +161,9 @@ def test_plan_for_8_gpus_shows_fsdp_sharding_and_units(tmp_path):
 
 
 def test_fit_refuses_an_unknown_unit_class_before_anything_is_written(tmp_path):
-    result = run_cli(["fit", "--config", DIGITS, "--config", CPU_FSDP, "--parallel.wrap_modules=[Conv2d]"], tmp_path)
-    assert_clean_error(result, "error: parallel.wrap_modules lists 'Conv2d'", "(they have: BatchNorm1d, DigitsNet")
+    args = ["fit", "--config", DIGITS, "--config", CPU_FSDP, "--parallel.fsdp.wrap_modules=[Conv2d]"]
+    result = run_cli(args, tmp_path)
+    assert_clean_error(result, "error: parallel.fsdp.wrap_modules lists 'Conv2d'", "(they have: BatchNorm1d, DigitsNet")
     assert result.returncode == 2 and not (tmp_path / "logs").exists()
 
 
@@ -376,7 +385,7 @@ def test_hybrid_sharding_over_two_nodes_with_accumulation_reaches_the_same_weigh
     syncs = tmp_path / "syncs.txt"
     recorder = json.dumps({"class_path": "fsdp_faults.GradientSyncRecorder", "init_args": {"path": str(syncs)}})
     args = ["fit", "--config", every_10_steps(), "--config", CPU_FSDP, *COMMON, "--test_after_fit", "false"]
-    args += ["--parallel.sharding", "hybrid", "--parallel.num_nodes", "2", "--parallel.devices", "1"]
+    args += ["--parallel.fsdp.sharding", "hybrid", "--parallel.num_nodes", "2", "--parallel.devices", "1"]
     args += ["--parallel.per_device_batch_size", "8", f"--trainer.callbacks+={recorder}"]
     job = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     nodes = [
@@ -395,7 +404,8 @@ def test_hybrid_sharding_over_two_nodes_with_accumulation_reaches_the_same_weigh
         assert node.returncode == 0, output[-4000:]
     (run,) = run_dirs(tmp_path)
     plan = read_plan(run)
-    assert plan["degrees"] == {"dp_replicate": 2, "dp_shard": 1, "tp": 1} and plan["strategy"]["sharding"] == "hybrid"
+    assert plan["degrees"] == {"dp_replicate": 2, "dp_shard": 1, "tp": 1}
+    assert plan["strategy"]["fsdp"]["sharding"] == "hybrid"
     assert plan["accumulation"] == 2 and syncs.read_text().split() == ["False", "True"] * (1398 // 32)
     assert_close_weights(weights(run / "checkpoints" / "last.ckpt"), weights(fsdp_run / "checkpoints" / "last.ckpt"))
 

@@ -24,13 +24,13 @@ SHORT = ["--trainer.limit_train_batches", "2", "--trainer.max_epochs", "1", "--t
 FIT = ["fit", "--config", DIGITS, "--config", FAST, *SHORT, "--test_after_fit", "false"]
 DDP_HEADS = ["--config", CPU_DDP, "--model.class_path", "user_code.PartlyUsedHeads"]
 GAN = ["--config", CPU_DDP, "--model", "user_code.ManualGAN"]
-SETTING = "`parallel.find_unused_parameters: true`"
+SETTING = "`parallel.ddp.find_unused_parameters: true`"
 CASES = {
     "head-never-trained": [*FIT, *DDP_HEADS],
     "head-dropped-after-step-1": [
         *FIT, *DDP_HEADS, "--model.init_args.aux_until_step", "1", "--trainer.limit_train_batches", "3",
     ],
-    "head-never-trained-find-unused": [*FIT, *DDP_HEADS, "--parallel.find_unused_parameters", "true"],
+    "head-never-trained-find-unused": [*FIT, *DDP_HEADS, "--parallel.ddp.find_unused_parameters", "true"],
     "check-head-never-trained": ["check", "--config", DIGITS, *DDP_HEADS, "--steps", "1"],
     "trainer-strategy-find-unused": [*FIT, "--trainer.strategy", "ddp_find_unused_parameters_true"],
     "manual-accumulation-fit": [*FIT, *GAN, "--parallel.accumulation", "2"],

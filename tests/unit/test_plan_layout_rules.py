@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import sys
 import types
+from dataclasses import fields
 
 import pytest
 
 from project.errors import UserError
+from project.plan.config import MOVED_FIELDS
 from project.plan.environment import LaunchEnvironment
 from project.plan.resolve import Hardware, LaunchMismatchError, ParallelConfig, resolve_plan
+from project.plan.scenarios import SCENARIO_NAMES
 from project.plan.strategies import DEFAULT_WRAP_RULE, is_interactive
 
 LOCAL = LaunchEnvironment(launcher="lightning", external=False)
@@ -129,6 +132,31 @@ def test_fsdp_settings_belong_to_fsdp():
     )
     offload = error(0, scenario="cpu", fsdp={"cpu_offload": True})
     assert "parallel.fsdp.cpu_offload=True applies to scenario fsdp only" in offload
+
+
+def test_a_choice_of_a_subsection_built_in_code_is_checked_with_its_full_name():
+    """The parser checks a ``Literal`` choice; a config built in code gets the same one line, subsections included."""
+    sharding = error(0, scenario="fsdp", devices=2, fsdp={"sharding": "zero3"})
+    assert sharding == "parallel.fsdp.sharding='zero3' is not one of full, grad_op, hybrid"
+    schedule = error(0, scenario="cpu", devices=2, pipeline_parallel={"schedule": "interleaved"})
+    assert schedule == "parallel.pipeline_parallel.schedule='interleaved' is not one of 1f1b, gpipe"
+    assert error(0, scenario="tpu") == f"parallel.scenario='tpu' is not one of {', '.join(SCENARIO_NAMES)}"
+
+
+def test_the_flat_names_of_earlier_versions_map_to_their_subsections():
+    assert MOVED_FIELDS == {
+        "find_unused_parameters": "ddp.find_unused_parameters",
+        "broadcast_buffers": "ddp.broadcast_buffers",
+        "sharding": "fsdp.sharding",
+        "cpu_offload": "fsdp.cpu_offload",
+        "wrap_modules": "fsdp.wrap_modules",
+        "async_save": "fsdp.async_save",
+    }
+    # Each new name is a field of its subsection, and no old name is a field of the section any more.
+    flat = {field.name for field in fields(ParallelConfig)}
+    for old, new in MOVED_FIELDS.items():
+        section, _, name = new.partition(".")
+        assert old not in flat and hasattr(getattr(ParallelConfig(), section), name)
 
 
 def test_fsdp_on_one_process_and_on_cpu_processes_says_what_it_does():

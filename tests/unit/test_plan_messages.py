@@ -123,14 +123,14 @@ def test_the_notes_end_with_what_to_do():
 
 
 def test_the_setting_notes_say_the_consequence():
-    notes = plan(0, scenario="cpu", devices=2, broadcast_buffers=False, compile=True).notes
-    assert "broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs" in notes
+    notes = plan(0, scenario="cpu", devices=2, ddp={"broadcast_buffers": False}, compile=True).notes
+    assert "ddp.broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs" in notes
     assert notes[-1].endswith("wraps the model; the first training and evaluation steps include compilation")
     one = plan(0, scenario="fsdp", devices=1).notes[-1]
     assert one.endswith(
         "(sharding, cpu_offload and wrap_modules apply from 2 processes); it resumes sharded checkpoints"
     ), one
-    hybrid = plan(0, scenario="fsdp", devices=2, num_nodes=2, sharding="hybrid").notes
+    hybrid = plan(0, scenario="fsdp", devices=2, num_nodes=2, fsdp={"sharding": "hybrid"}).notes
     assert any(
         note.startswith("fsdp hybrid: parameters, gradients and optimizer state sharded within each node")
         for note in hybrid
