@@ -164,12 +164,20 @@ class GPT(nn.Module):
                 nn.init.normal_(projection.weight, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
 
     def forward(self, idx: Tensor) -> Tensor:
-        """Next-token logits ``[B, T, vocab_size]`` of token ids ``[B, T]`` (``T <= block_size``)."""
+        """Next-token logits ``[B, T, vocab_size]`` of token ids ``[B, T]`` (``T <= block_size``).
+
+        As a pipeline stage, the modules of other stages are ``nn.Identity``: without the embeddings the input is
+        a hidden state ``[B, T, n_embd]``; without ``ln_f``/``lm_head`` the output is one.
+        """
         steps = idx.shape[1]
         if steps > self.block_size:
             raise ValueError(f"a sequence of {steps} tokens is longer than block_size={self.block_size}")
-        positions = torch.arange(steps, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))
+        if isinstance(self.tok_emb, nn.Identity):
+            # A later pipeline stage (project.parallel.pipeline): its input is the previous stage's hidden state.
+            x = idx
+        else:
+            positions = torch.arange(steps, device=idx.device)
+            x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.ln_f(x))

@@ -1,0 +1,59 @@
+"""What a LightningModule gives a pipeline: its network, its batches ``(input, target)`` and its loss.
+
+The contract (docs/parallel.md, "Pipeline parallelism"):
+
+- the network the stages are cut from is the module's ``net`` (or ``model``/``network``) attribute, an
+  ``nn.Module`` whose forward runs with the other stages' units replaced by ``nn.Identity`` (an ``nn.Sequential``
+  does; the template's GPT does);
+- a training batch is ``(input, target)``: ``input`` goes into the network, ``target`` to the loss;
+- ``pipeline_loss(output, target)`` is the mean loss of one micro-batch (the last stage calls it).
+
+A module that does not meet it is refused in one line naming what is missing, before anything runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from project.errors import UserError
+
+#: The attribute names searched, in order, for the network the pipeline cuts.
+NETWORK_ATTRIBUTES = ("net", "model", "network")
+
+
+def network_attribute(module: Any, stages: int) -> str:
+    """The name of ``module``'s network attribute, after checking the whole contract.
+
+    Raises:
+        UserError: no network attribute, or no ``pipeline_loss`` method.
+    """
+    kind = type(module).__name__
+    found = [name for name in NETWORK_ATTRIBUTES if isinstance(getattr(module, name, None), nn.Module)]
+    if not found:
+        raise UserError(
+            f"parallel.pipeline_parallel.size={stages}: {kind} has no network attribute to cut into stages "
+            f"(one of {', '.join('self.' + name for name in NETWORK_ATTRIBUTES)}, an nn.Module); "
+            "keep the network there or set parallel.pipeline_parallel.size 1"
+        )
+    if not callable(getattr(module, "pipeline_loss", None)):
+        raise UserError(
+            f"parallel.pipeline_parallel.size={stages}: {kind} has no pipeline_loss(output, target) method "
+            "(the last stage's mean loss of one micro-batch); add it or set parallel.pipeline_parallel.size 1"
+        )
+    return found[0]
+
+
+def split_batch(batch: Any, kind: str) -> tuple[Tensor, Tensor]:
+    """A training batch as ``(input, target)``.
+
+    Raises:
+        UserError: a batch that is not a pair of tensors.
+    """
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch):
+        return batch[0], batch[1]
+    raise UserError(
+        f"parallel.pipeline_parallel: {kind}'s training batches are {type(batch).__name__}, not (input, target) "
+        "tensors; return (input, target) pairs from the training loader"
+    )
