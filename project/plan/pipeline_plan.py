@@ -19,6 +19,8 @@ from torch import nn
 from project.errors import UserError
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential)
+#: The attribute names searched, in order, for the network a LightningModule's pipeline cuts.
+NETWORK_ATTRIBUTES = ("net", "model", "network")
 
 
 @dataclass(frozen=True)
@@ -58,15 +60,18 @@ def _repeated_blocks(net: nn.Module) -> tuple[str, list[str]]:
     return name, [f"{name}.{item}" for item, _ in child.named_children()]
 
 
-def default_split_points(net: nn.Module, stages: int) -> list[str]:
-    """The network's own ``pipeline_split_points(stages)``, else its repeated blocks split evenly.
+def default_split_points(net: nn.Module, stages: int, owner: object = None) -> list[str]:
+    """The split points ``owner`` (the LightningModule) or the network names, else the repeated blocks split evenly.
+
+    ``pipeline_split_points(stages)`` on ``owner``, then on ``net``, returns the first unit of each later stage.
 
     Raises:
         UserError: no repeated blocks, or fewer blocks than stages.
     """
-    own = getattr(net, "pipeline_split_points", None)
-    if callable(own):
-        return list(own(stages))
+    for holder in (owner, net):
+        own = getattr(holder, "pipeline_split_points", None)
+        if callable(own):
+            return list(own(stages))
     name, blocks = _repeated_blocks(net)
     kind = type(net).__name__
     if not blocks:
@@ -94,15 +99,42 @@ def _count(net: nn.Module, names: Sequence[str], seen: set[int]) -> int:
     return total
 
 
-def assign_stages(net: nn.Module, stages: int, split_points: Sequence[str] | None = None) -> list[StagePlan]:
-    """The stages' units and parameter counts for ``stages`` pipeline stages of ``net``.
+def network_of(module: object) -> tuple[str, nn.Module] | None:
+    """The attribute name and network a pipeline cuts from ``module`` (:data:`NETWORK_ATTRIBUTES`), or ``None``."""
+    for name in NETWORK_ATTRIBUTES:
+        net = getattr(module, name, None)
+        if isinstance(net, nn.Module):
+            return name, net
+    return None
+
+
+def plan_stages(module: object, stages: int, split_points: Sequence[str] | None = None) -> list[StagePlan]:
+    """The stages of a LightningModule's network (``plan`` prints them; the meta device will do).
+
+    Raises:
+        UserError: the module has no network attribute, or the split cannot be made (:func:`assign_stages`).
+    """
+    found = network_of(module)
+    if found is None:
+        raise UserError(
+            f"parallel.pipeline_parallel.size={stages}: {type(module).__name__} has no network attribute to cut "
+            f"into stages (one of {', '.join('self.' + name for name in NETWORK_ATTRIBUTES)}, an nn.Module); "
+            "keep the network there or set parallel.pipeline_parallel.size 1"
+        )
+    return assign_stages(found[1], stages, split_points, owner=module)
+
+
+def assign_stages(
+    net: nn.Module, stages: int, split_points: Sequence[str] | None = None, owner: object = None
+) -> list[StagePlan]:
+    """The stages' units and parameter counts for ``stages`` pipeline stages of ``net`` (held by ``owner``).
 
     Raises:
         UserError: an unknown split point, split points out of order or of the wrong count, or a stage
             without units (one line naming the value, the rule and the fix).
     """
     units = pipeline_units(net)
-    points = list(split_points) if split_points is not None else default_split_points(net, stages)
+    points = list(split_points) if split_points is not None else default_split_points(net, stages, owner)
     setting = "parallel.pipeline_parallel.split_points"
     if len(points) != stages - 1:
         raise UserError(

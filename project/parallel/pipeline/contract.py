@@ -15,33 +15,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from project.errors import UserError
-
-#: The attribute names searched, in order, for the network the pipeline cuts.
-NETWORK_ATTRIBUTES = ("net", "model", "network")
+from project.plan.pipeline_plan import network_of, plan_stages
 
 
-def network_attribute(module: Any, stages: int) -> str:
+def check_contract(module: Any, stages: int) -> str:
     """The name of ``module``'s network attribute, after checking the whole contract.
 
     Raises:
         UserError: no network attribute, or no ``pipeline_loss`` method.
     """
-    kind = type(module).__name__
-    found = [name for name in NETWORK_ATTRIBUTES if isinstance(getattr(module, name, None), nn.Module)]
-    if not found:
-        raise UserError(
-            f"parallel.pipeline_parallel.size={stages}: {kind} has no network attribute to cut into stages "
-            f"(one of {', '.join('self.' + name for name in NETWORK_ATTRIBUTES)}, an nn.Module); "
-            "keep the network there or set parallel.pipeline_parallel.size 1"
-        )
+    found = network_of(module)
+    if found is None:
+        plan_stages(module, stages)  # its one-line refusal
     if not callable(getattr(module, "pipeline_loss", None)):
         raise UserError(
-            f"parallel.pipeline_parallel.size={stages}: {kind} has no pipeline_loss(output, target) method "
-            "(the last stage's mean loss of one micro-batch); add it or set parallel.pipeline_parallel.size 1"
+            f"parallel.pipeline_parallel.size={stages}: {type(module).__name__} has no pipeline_loss(output, target) "
+            "method (the last stage's mean loss of one micro-batch); add it or set parallel.pipeline_parallel.size 1"
         )
+    assert found is not None
     return found[0]
 
 

@@ -31,11 +31,11 @@ from project.parallel.pipeline.checkpoint import (
     whole_optimizer_state,
     whole_state_dict,
 )
-from project.parallel.pipeline.contract import network_attribute, split_batch
+from project.parallel.pipeline.contract import check_contract, split_batch
 from project.parallel.pipeline.schedule import Pipeline, PipelineForward, make_schedule, train_step
 from project.parallel.pipeline.split import cut_stage, keep_stage_parameters
 from project.plan.layout import Layout
-from project.plan.pipeline_plan import StagePlan, assign_stages
+from project.plan.pipeline_plan import StagePlan, plan_stages
 
 if TYPE_CHECKING:
     import lightning as L
@@ -82,8 +82,8 @@ class PipelineStrategy(DDPStrategy):
 
     def connect(self, model: L.LightningModule) -> None:
         """Refuse, before anything runs, a module without the contract or a split that cannot be made."""
-        self._network = network_attribute(model, self.layout.pp)
-        self.stages = assign_stages(getattr(model, self._network), self.layout.pp, self.split_points)
+        self._network = check_contract(model, self.layout.pp)
+        self.stages = plan_stages(model, self.layout.pp, self.split_points)
         super().connect(model)
 
     def setup_environment(self) -> None:

@@ -1,0 +1,63 @@
+"""A user's LightningModule for pipeline parallelism, not the template's: an ``nn.Sequential`` of Linear layers that
+names its own stage boundaries, its own training_step and loss, on random regression data (no download)."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class SequentialRegressor(L.LightningModule):
+    """Eight Linear+Tanh layers then a head; ``pipeline_split_points`` puts the boundary after layer ``cut``."""
+
+    def __init__(self, width: int = 16, cut: int = 6) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for _ in range(4):
+            layers += [nn.Linear(width, width), nn.Tanh()]
+        self.net = nn.Sequential(*layers, nn.Linear(width, 1))
+        self.cut = cut
+
+    def pipeline_split_points(self, stages: int) -> list[str]:
+        """Stage 1 begins at layer ``cut`` (two stages only)."""
+        return [str(self.cut)] if stages == 2 else []
+
+    def pipeline_loss(self, output: Tensor, target: Tensor) -> Tensor:
+        """The mean squared error of one micro-batch."""
+        return F.mse_loss(output, target)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Its own step (one process, DDP): the same loss."""
+        x, y = batch
+        return self.pipeline_loss(self.net(x), y)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """``val/mse`` over the whole validation set."""
+        x, y = batch
+        self.log("val/mse", self.pipeline_loss(self.net(x), y), sync_dist=True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """SGD with momentum (state per parameter, so a resume needs the optimizer's state)."""
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+
+class RandomRegression(L.LightningDataModule):
+    """64 + 32 fixed random samples of ``y = sum(sin(x))``."""
+
+    def __init__(self, width: int = 16, batch_size: int = 8) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(96, width, generator=generator)
+        self.data = TensorDataset(x, x.sin().sum(dim=1, keepdim=True))
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        """The first 64 samples."""
+        return DataLoader(torch.utils.data.Subset(self.data, range(64)), batch_size=self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        """The last 32."""
+        return DataLoader(torch.utils.data.Subset(self.data, range(64, 96)), batch_size=self.batch_size)
