@@ -6,7 +6,7 @@ Two CPU processes over gloo (spawned here, no launcher) shard a stack of ``--lay
 ``--width`` with ``fully_shard`` (2048 x 6: 100 MB of weights) and take one AdamW step (its state: twice the
 weights), then save what Lightning's checkpoint of them holds, ``--repeats`` times each way:
 
-- **sync**: :func:`~project.checkpoints.sharded_save.save_sharded` (``parallel.async_save: false``): every rank
+- **sync**: :func:`~project.checkpoints.sharded_save.save_sharded` (``parallel.fsdp.async_save: false``): every rank
   writes its shards, DCP its ``.metadata``, rank 0 ``meta.pt`` and the swap onto the name; then it returns.
 - **async**: :class:`~project.checkpoints.sharded_async.AsyncShardedWriter` (the default): the call blocks while
   this rank's shards are copied into the kept staging buffers; "until written" is the call plus the wait for the
@@ -211,7 +211,7 @@ def table(everyone: list[tuple[dict[str, list[float]], float]], args: argparse.N
         "",
         "| way | blocks the training | until written | blocking vs sync |",
         "| --- | ---: | ---: | ---: |",
-        f"| sync (`parallel.async_save: false`) | {sync:.0f} ms | {sync:.0f} ms | 100 % |",
+        f"| sync (`parallel.fsdp.async_save: false`) | {sync:.0f} ms | {sync:.0f} ms | 100 % |",
     ]
 
     def row(title: str, block: str, written: str) -> None:
