@@ -21,7 +21,7 @@ from project.checkpoints.loading import refuse_untrusted_import, safe_load
 from project.dotted import import_object, module_of, names_object
 from project.errors import UserError
 from project.export_program import PROGRAM_FILE, PROGRAM_FORMAT, STATE_DICT_FORMAT, load_program
-from project.lightning_private import WRAPPER_ATTRIBUTE, WRAPPER_CLASS_NAMES
+from project.lightning_private import COMPILED_ATTRIBUTE, WRAPPER_ATTRIBUTE, WRAPPER_CLASS_NAMES
 
 EXPORT_WEIGHTS = "model.pt"
 EXPORT_SPEC = "model.json"
@@ -29,8 +29,8 @@ EXPORT_SPEC = "model.json"
 #: an export is a file people send each other, so its ``model.json`` never chooses what is imported.
 TRUSTED_MODULES = ("project.models", "torch.nn")
 # Attributes through which wrappers hold the module they wrap: DataParallel/DDP (`module`),
-# torch.compile (`_orig_mod`), Lightning's and Fabric's wrappers (see project.lightning_private).
-_WRAPPER_ATTRS = ("module", "_orig_mod", WRAPPER_ATTRIBUTE)
+# torch.compile's, Lightning's and Fabric's wrappers (see project.lightning_private).
+_WRAPPER_ATTRS = ("module", COMPILED_ATTRIBUTE, WRAPPER_ATTRIBUTE)
 _WRAPPER_PREFIXES = tuple(f"{attr}." for attr in _WRAPPER_ATTRS)
 
 

@@ -1,24 +1,18 @@
-"""Every use of a private Lightning name, in one place, with the public API that is missing.
+"""Every use of a private Lightning or torch name, in one place, with the public API that is missing.
 
 Importing this module imports nothing from Lightning (``project.export`` uses it in plain processes);
 ``tests/unit/test_lightning_private.py`` fails loudly when a Lightning upgrade moves any of these.
 
-1. The processes Lightning's launcher started. ``trainer.strategy.launcher`` is public, but the
-   processes it started for ranks 1..N-1 are ``_SubprocessScriptLauncher.procs`` (no public accessor).
-   Needed to name the rank that died first and to stop the others when rank 0 fails: Lightning kills
-   them only on Ctrl+C. The ranks rank 0 forked itself at start-up (:mod:`project.launch.ranks`, when
-   Lightning's launcher starts none) are listed and stopped with them.
+1. The processes Lightning's launcher started for ranks 1..N-1 (``_SubprocessScriptLauncher.procs``), with those
+   rank 0 forked itself (:mod:`project.launch.ranks`): to name the rank that died first and stop the others when
+   rank 0 fails (Lightning kills them only on Ctrl+C).
 2. The name of Fabric's module wrapper (``_FabricModule``, holding the module at ``_forward_module``),
    which ``project.export.unwrap`` sees through by class name, so that it never imports Lightning. (The
    Trainer wraps a LightningModule in DDP itself, which ``unwrap`` handles as plain torch.)
-3. The mesh sizes of ``ModelParallelStrategy`` (``_data_parallel_size``, ``_tensor_parallel_size``). Its
-   constructor takes them, but ``scenario: fsdp`` needs data parallel = the world size and tensor parallel = 1,
-   and the world size is known only once the launcher has set up the processes (``"auto"`` would mean
-   nodes x processes per node); :func:`set_mesh_sizes` sets them just before the strategy builds its mesh.
-4. Not a name but a behaviour: the Trainer's callback dispatch calls a hook only when
-   ``callable(getattr(callback, hook))``. ``project.callbacks.dispatch.skip_idle_batch_hooks`` sets the
-   per-batch hooks a callback leaves empty to ``None`` so they cost nothing (there is no public way to
-   say "this callback has no per-batch hooks"); the test runs a fit that would raise if that changed.
+3. The mesh sizes of ``ModelParallelStrategy`` (``_data_parallel_size``, ``_tensor_parallel_size``): known only
+   once the launcher has set up the processes; :func:`set_mesh_sizes` sets them before it builds its mesh.
+4. Not a name but a behaviour: the Trainer calls a callback's hook only when ``callable(getattr(callback, hook))``;
+   ``project.callbacks.dispatch.skip_idle_batch_hooks`` sets empty per-batch hooks to ``None`` (no public way).
 5. The version a TensorBoard/CSV logger has not chosen yet (``_version is None``) and the next free one
    (``_get_next_version()``, a listing of the run name's folder). Lightning picks the version by listing, so two
    runs started at once pick the same folder; :func:`project.runs.reserve_run_directory` creates the folder
@@ -45,6 +39,10 @@ Importing this module imports nothing from Lightning (``project.export`` uses it
    ``_dump_nccl_trace_json``), every collective of this process in a ring; torch's public reader only parses the
    files a crash handler dumps. The hang report reads it at a stall (:func:`flight_recorder_json`); and a Lightning
    strategy's process-group timeout, ``_timeout`` (:func:`process_group_timeout_s`), its stall threshold's base.
+12. torch's, each without a public accessor: the default group's store (:func:`default_store`, the hang watcher's
+   hand-over); torch.compile's ``_orig_mod``; DCP's metadata globals (the loading policy allows them); autograd's
+   ``_engine_run_backward`` frame; an LR scheduler's marks on the optimizer ZeRO replaces and SequentialLR's
+   ``_schedulers`` (:func:`mark_scheduler_steps`); Lightning's ``_batches_that_stepped`` in a checkpoint.
 """
 
 from __future__ import annotations
@@ -61,6 +59,21 @@ WRAPPER_CLASS_NAMES = frozenset({"_FabricModule"})
 WRAPPER_ATTRIBUTE = "_forward_module"
 #: ModelParallelStrategy's mesh sizes, read by its ``setup_environment`` (checked by the test).
 MESH_SIZE_ATTRIBUTES = ("_data_parallel_size", "_tensor_parallel_size")
+#: torch.compile's OptimizedModule holds the module it compiled here.
+COMPILED_ATTRIBUTE = "_orig_mod"
+#: (module, name) of torch.distributed.checkpoint's private globals pickled in a sharded folder's ``.metadata``.
+_DCP = "torch.distributed.checkpoint"
+CHECKPOINT_PRIVATE_GLOBALS = frozenset(
+    {
+        (f"{_DCP}.metadata", "_MEM_FORMAT_ENCODING"),
+        (f"{_DCP}.filesystem", "_StorageInfo"),
+        ("torch.serialization", "_get_layout"),
+    }
+)
+#: Autograd's backward frame: a collective under it is DDP's gradient all-reduce.
+AUTOGRAD_BACKWARD_FRAME = "_engine_run_backward"
+#: Lightning's count of the batches whose optimizer stepped, in a checkpoint's ``epoch_loop.state_dict``.
+BATCHES_STEPPED_KEY = "_batches_that_stepped"
 #: The launcher class whose ``procs`` are the processes it started (checked by the test).
 SUBPROCESS_LAUNCHER = "lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher"
 
@@ -202,3 +215,35 @@ def dump_checkpoint(trainer: Any) -> dict[str, Any]:
     the write (``_checkpoint_connector.dump_checkpoint``: no public accessor).
     """
     return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+
+
+def default_store() -> Any:
+    """The default process group's store (torch's ``_get_default_store``): the rendezvous every rank reaches."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
+
+
+def strategy_timeout(strategy: Any) -> Any:
+    """The ``timedelta`` a Lightning DDP/model-parallel strategy's process group was built with (``_timeout``)."""
+    return getattr(strategy, "_timeout", None)
+
+
+def mark_scheduler_steps(optimizer: Any, step: Any) -> Any:
+    """``step`` wrapped as an ``LRScheduler`` wraps its optimizer's (``optimizer``: a weak reference to call)."""
+    if hasattr(step, "_wrapped_by_lr_sched"):
+        return step
+    from functools import wraps
+
+    @wraps(step)
+    def tracked(*args: Any, **kwargs: Any) -> Any:
+        optimizer()._opt_called = True
+        return step(*args, **kwargs)
+
+    tracked._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    return tracked
+
+
+def chained_schedulers(scheduler: Any) -> list[Any]:
+    """The schedulers a SequentialLR or ChainedScheduler runs (its ``_schedulers``), ``[]`` for others."""
+    return list(getattr(scheduler, "_schedulers", []))

@@ -21,6 +21,7 @@ from lightning.pytorch.profilers import PassThroughProfiler
 
 from project.commands import COMMANDS
 from project.errors import UserError
+from project.plan.strategies import UNNAMED_STRATEGIES
 
 # Trainer settings that the plan decides when `parallel` is given.
 PLAN_OWNED_TRAINER_KEYS = (
@@ -103,7 +104,7 @@ def several_processes(trainer: Namespace, gpus: int) -> bool:
     if isinstance(devices, (list, tuple)):
         devices = len(devices)
     count = gpus if devices == -1 else int(devices) if str(devices).isdigit() else 1
-    named = strategy not in (None, "auto", "single_device")
+    named = strategy not in UNNAMED_STRATEGIES
     return count > 1 or int(nodes) > 1 or named
 
 

@@ -50,26 +50,27 @@ WEIGHTS = "state_dict"
 OPTIMIZER = "optimizer_{}"
 
 # The classes DCP's .metadata pickles (torch 2.13), by (module, name).
-_METADATA_CLASSES = {
-    ("torch.distributed.checkpoint.metadata", name)
-    for name in (
-        "Metadata",
-        "TensorStorageMetadata",
-        "BytesStorageMetadata",
-        "ChunkStorageMetadata",
-        "TensorProperties",
-        "MetadataIndex",
-        "StorageMeta",
-        "_MEM_FORMAT_ENCODING",
-    )
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.serialization", "_get_layout"),
-    ("torch", "Size"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("collections", "OrderedDict"),
-}
+_METADATA_CLASSES = (
+    {
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "MetadataIndex",
+            "StorageMeta",
+        )
+    }
+    | lightning_private.CHECKPOINT_PRIVATE_GLOBALS
+    | {
+        ("torch", "Size"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("collections", "OrderedDict"),
+    }
+)
 
 
 def is_sharded_checkpoint(path: str | os.PathLike[str]) -> bool:

@@ -23,7 +23,7 @@ import yaml
 
 from project.commands import command_of
 from project.plan.config import SUBSECTIONS, ParallelConfig
-from project.plan.scenarios import SCENARIOS
+from project.plan.scenarios import AUTO_SCENARIO, SCENARIOS
 
 #: ``PROJECT_EARLY_LAUNCH=0`` leaves starting the ranks to Lightning's launcher.
 OPT_OUT_ENV = "PROJECT_EARLY_LAUNCH"
@@ -173,7 +173,7 @@ def _count(section: dict[str, Any] | None, gpus_possible: bool) -> int | None:
     # A cpu scenario runs CPU processes on any machine; auto and an "any" scenario do only where no GPU is visible
     # (then the GPUs decide). A scenario whose strategy forks its ranks itself is left to it.
     row = SCENARIOS.get(scenario)
-    devices_kind = "any" if scenario == "auto" else row.devices if row is not None else None
+    devices_kind = "any" if scenario == AUTO_SCENARIO else row.devices if row is not None else None
     if row is not None and row.forks_itself:
         return None
     if devices_kind == "cpu" or (devices_kind == "any" and not gpus_possible):

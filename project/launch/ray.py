@@ -31,6 +31,7 @@ from project.errors import RankFailure, RunFailure, UserError, first_line
 from project.plan.environment import detect_environment
 from project.plan.launchers import RAY
 from project.plan.resolve import Plan
+from project.plan.scenarios import SCENARIOS
 
 INSTALL = "pip install -e .[ray]"
 # The template's own switches (PROJECT_DEBUG, PROJECT_ALLOW_PICKLE, ...) and the import path of the user's code
@@ -64,7 +65,7 @@ def check_ray_plan(plan: Plan) -> None:
         UserError: scenario ``fork`` (its ranks are forked from one process; Ray starts each worker itself), or
             GPU ids other than ``0..N-1`` (Ray chooses which GPUs each worker gets: give a count).
     """
-    if plan.strategy == "ddp_fork":
+    if SCENARIOS[plan.scenario].forks_itself:
         raise UserError(
             "parallel.scenario='fork' forks the ranks from this process, but under parallel.launcher=ray Ray "
             "starts every worker itself; use scenario 'cpu' or 'ddp' (or drop parallel.launcher)"

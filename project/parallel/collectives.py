@@ -8,7 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _get_default_store
+
+from project.lightning_private import default_store
 
 #: How long rank 0 waits for the other ranks to have left before it leaves (and its rendezvous store with it).
 LEAVE_WAIT_S = 30.0
@@ -54,7 +55,7 @@ def leave_together() -> None:
     """
     if not in_process_group():
         return
-    store, rank, world = _get_default_store(), dist.get_rank(), dist.get_world_size()
+    store, rank, world = default_store(), dist.get_rank(), dist.get_world_size()
     dist.barrier()
     if rank != 0:
         dist.destroy_process_group()

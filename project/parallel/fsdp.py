@@ -36,7 +36,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from project.checkpoints.sharded_async import AsyncShardedWriter
-from project.lightning_private import set_mesh_sizes
+from project.lightning_private import set_mesh_sizes, strategy_timeout
 from project.parallel.fsdp_checkpoints import ShardedCheckpoints
 from project.parallel.fsdp_evaluation import evaluation_batches, gather_if_uneven, reshard_after_evaluation
 from project.parallel.fsdp_sharding import (
@@ -144,7 +144,7 @@ class FullyShardStrategy(ShardedCheckpoints, ModelParallelStrategy):
         Strategy.setup(self, trainer)
         self._before_sharding = {}
         if self.async_save and trainer.state.fn == TrainerFn.FITTING:
-            self._writer.setup(self._timeout)  # every rank: the background writes' own gloo group
+            self._writer.setup(strategy_timeout(self))  # every rank: the background writes' own gloo group
         self.barrier()
 
     def setup_optimizers(self, trainer: L.Trainer) -> None:

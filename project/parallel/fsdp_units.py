@@ -18,6 +18,8 @@ from torch import nn
 
 from project.dotted import names_object
 from project.errors import UserError
+from project.plan.resolve import Plan
+from project.plan.scenarios import SCENARIOS
 
 
 def has_parameters(module: nn.Module) -> bool:
@@ -115,12 +117,12 @@ def describe_wrapping(module: nn.Module, wrap_modules: list[str] | None) -> dict
     }
 
 
-def plan_units(scenario: str, strategy: str, model: nn.Module | None, wrap_modules: list[str] | None) -> dict[str, Any]:
-    """``plan``'s view of the units: ``{"units": describe_wrapping(...)}`` under the fsdp strategy, else ``{}``.
+def plan_units(plan: Plan, model: nn.Module | None, wrap_modules: list[str] | None) -> dict[str, Any]:
+    """``plan``'s view of the units: ``{"units": describe_wrapping(...)}`` when its strategy shards, else ``{}``.
 
-    Under scenario fsdp it checks ``wrap_modules`` against the model at any world size (one line if wrong).
+    Under a sharding scenario it checks ``wrap_modules`` against the model at any world size (one line if wrong).
     """
-    if scenario != "fsdp" or model is None:
+    if SCENARIOS[plan.scenario].data_parallel != "shard" or model is None:
         return {}
     units = describe_wrapping(model, wrap_modules)
-    return {"units": units} if strategy == "fsdp" else {}
+    return {"units": units} if plan.row.memory == "fsdp" else {}

@@ -27,7 +27,7 @@ from typing import Any
 import torch.distributed as dist
 
 from project.checkpoints import pending
-from project.lightning_private import dump_checkpoint
+from project.lightning_private import BATCHES_STEPPED_KEY, dump_checkpoint
 from project.parallel.failures import _LOST_PEER
 from project.parallel.strategies import row_of
 
@@ -85,7 +85,7 @@ def as_saved_at_batch_end(checkpoint: dict[str, Any]) -> dict[str, Any]:
     for part in ("total", "current"):
         done = progress[part]["completed"]
         progress[part].update(ready=done, started=done, processed=done, completed=done - 1)
-    loop["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+    loop["epoch_loop.state_dict"][BATCHES_STEPPED_KEY] -= 1
     return checkpoint
 
 

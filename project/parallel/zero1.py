@@ -14,7 +14,6 @@ zero1, and a DDP checkpoint resumes under zero1.
 from __future__ import annotations
 
 import inspect
-from functools import wraps
 from typing import Any
 from weakref import ref
 
@@ -24,6 +23,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from project.errors import UserError
+from project.lightning_private import chained_schedulers, mark_scheduler_steps
 from project.parallel.strategies import ddp_kwargs
 from project.plan.layout import Layout
 
@@ -90,18 +90,7 @@ def _track_steps(optimizer: torch.optim.Optimizer) -> None:
     The scheduler was built on the optimizer ZeRO replaced; without the mark it warns at its first step that
     ``optimizer.step()`` was overridden.
     """
-    step = optimizer.step
-    if hasattr(step, "_wrapped_by_lr_sched"):
-        return
-    owner = ref(optimizer)  # the optimizer holds the wrapper: a strong reference back would be a cycle
-
-    @wraps(step)
-    def tracked(*args: Any, **kwargs: Any) -> Any:
-        owner()._opt_called = True  # type: ignore[union-attr]
-        return step(*args, **kwargs)
-
-    tracked._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    optimizer.step = tracked  # type: ignore[method-assign]
+    optimizer.step = mark_scheduler_steps(ref(optimizer), optimizer.step)  # type: ignore[method-assign]
 
 
 def _repoint(scheduler: Any, replaced: dict[int, ZeroRedundancyOptimizer]) -> None:
@@ -110,7 +99,7 @@ def _repoint(scheduler: Any, replaced: dict[int, ZeroRedundancyOptimizer]) -> No
     if new is not None:
         scheduler.optimizer = new
         _track_steps(new)
-    for child in getattr(scheduler, "_schedulers", []):
+    for child in chained_schedulers(scheduler):
         _repoint(child, replaced)
 
 

@@ -13,7 +13,7 @@ from project.plan.config import Hardware, ParallelConfig
 from project.plan.degrees import pipeline_degree, tensor_degree
 from project.plan.devices import DeviceRequest, cpu_processes, gpu_ids, parse_devices
 from project.plan.environment import LaunchEnvironment
-from project.plan.scenarios import SCENARIOS
+from project.plan.scenarios import AUTO_SCENARIO, SCENARIOS
 
 # Where an outside launcher's numbers come from, for messages that say what to change.
 _LAUNCHER_SOURCES = {
@@ -130,7 +130,7 @@ class Layout:
 
 def resolve_scenario(config: ParallelConfig, request: DeviceRequest, hardware: Hardware) -> str:
     """``auto`` made concrete for this machine; a GPU scenario without GPUs is refused."""
-    if config.scenario != "auto":
+    if config.scenario != AUTO_SCENARIO:
         if SCENARIOS[config.scenario].devices == "gpu" and hardware.gpus == 0:
             asked = f" with devices={config.devices!r}" if config.devices is not None else ""
             raise UserError(

@@ -44,5 +44,7 @@ SCENARIOS: dict[str, Scenario] = {
     # DDP whose optimizer state is sharded over the ranks (ZeroRedundancyOptimizer): project/parallel/zero1.py.
     "zero1": Scenario("any", "zero1"),
 }
+#: The value of ``parallel.scenario`` that is not a row: the machine decides (project.plan.layout.resolve_scenario).
+AUTO_SCENARIO = "auto"
 #: Every value ``parallel.scenario`` takes.
-SCENARIO_NAMES: tuple[str, ...] = ("auto", *SCENARIOS)
+SCENARIO_NAMES: tuple[str, ...] = (AUTO_SCENARIO, *SCENARIOS)

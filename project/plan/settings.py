@@ -8,6 +8,7 @@ from project.errors import UserError
 from project.plan.config import ParallelConfig
 from project.plan.layout import Layout
 from project.plan.precision import check_precision
+from project.plan.scenarios import SCENARIOS
 
 
 def resolve_backend(config: ParallelConfig, layout: Layout) -> str | None:
@@ -42,7 +43,7 @@ def _sharding_notes(config: ParallelConfig, layout: Layout, strategy: str, start
     """
     fsdp = config.fsdp
     fields = {"sharding": "full", "cpu_offload": False, "wrap_modules": None}
-    if layout.scenario != "fsdp":
+    if SCENARIOS[layout.scenario].data_parallel != "shard":
         for name, default in fields.items():
             if getattr(fsdp, name) != default:
                 raise UserError(
@@ -55,7 +56,7 @@ def _sharding_notes(config: ParallelConfig, layout: Layout, strategy: str, start
             f"parallel.fsdp.sharding='hybrid' shards within a node and replicates across nodes, but num_nodes="
             f"{layout.num_nodes}; use sharding full (or grad_op) on one node, or set parallel.num_nodes > 1"
         )
-    if strategy == "single_device":
+    if layout.world_size == 1:
         return [
             "fsdp on one process: nothing to shard, it runs on a single device and writes plain checkpoint files "
             "(sharding, cpu_offload and wrap_modules apply from 2 processes); it resumes sharded checkpoints"
@@ -97,7 +98,7 @@ def setting_notes(config: ParallelConfig, layout: Layout, strategy: str, start_m
             "wraps the model; the first training and evaluation steps include compilation"
         )
     notes += _sharding_notes(config, layout, strategy, start_method)
-    if strategy != "single_device" and start_method == "fork":
+    if layout.world_size > 1 and start_method == "fork":
         notes.append("interactive session: processes are started by fork")
     return notes
 

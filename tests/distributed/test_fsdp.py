@@ -109,14 +109,14 @@ def plan(gpus: int, **fields):
 def test_fsdp_plans_its_sharding_on_gpus_and_on_cpu_processes():
     full = plan(8, scenario="fsdp")
     assert (full.strategy, full.backend, full.world_size) == ("fsdp", "nccl", 8)
-    assert full.degrees == {"dp_replicate": 1, "dp_shard": 8, "tp": 1} and full.dp_size == 8
+    assert (full.layout.dp_replicate, full.layout.dp_shard, full.layout.tp) == (1, 8, 1) and full.dp_size == 8
     assert full.strategy_args["fsdp"]["sharding"] == "full" and full.strategy_args["reshard_after_forward"] is True
     grad_op = plan(8, scenario="fsdp", fsdp={"sharding": "grad_op", "cpu_offload": True, "wrap_modules": ["Linear"]})
     assert grad_op.strategy_args["reshard_after_forward"] is False
     assert grad_op.strategy_args["fsdp"]["cpu_offload"] is True
     assert grad_op.strategy_args["fsdp"]["wrap_modules"] == ["Linear"]
     hybrid = plan(8, scenario="fsdp", fsdp={"sharding": "hybrid"}, num_nodes=2)
-    assert hybrid.world_size == 16 and hybrid.degrees == {"dp_replicate": 2, "dp_shard": 8, "tp": 1}
+    assert hybrid.world_size == 16 and (hybrid.layout.dp_replicate, hybrid.layout.dp_shard) == (2, 8)
     assert any("within each node (8 processes), replicated across 2 nodes" in note for note in hybrid.notes)
     cpu = plan(0, scenario="fsdp", devices=2)
     assert (cpu.accelerator, cpu.backend, cpu.devices, cpu.strategy) == ("cpu", "gloo", 2, "fsdp")
@@ -154,10 +154,11 @@ def test_plan_for_8_gpus_shows_fsdp_sharding_and_units(tmp_path):
     assert strategy["name"] == "fsdp" and strategy["fsdp"]["sharding"] == "full"
     assert strategy["fsdp"]["cpu_offload"] is False
     assert strategy["units"] == {"roots": ["net"], "classes": ["Linear", "BatchNorm1d"], "units": 5}
-    assert data["degrees"] == {"dp_replicate": 1, "dp_shard": 8, "tp": 1} and data["backend"] == "nccl"
+    assert data["degrees"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 8, "tp": 1, "dp": 8}
+    assert data["backend"] == "nccl"
     # plan refuses, at any world size (fit on several processes, before training): a class the networks lack.
     with pytest.raises(UserError, match=re.escape("'Conv2d', but Classifier's networks have no module of that class")):
-        plan_units("fsdp", "single_device", Classifier(DigitsNet()), ["Conv2d"])
+        plan_units(plan(0, scenario="fsdp", devices=1), Classifier(DigitsNet()), ["Conv2d"])
 
 
 def test_fit_refuses_an_unknown_unit_class_before_anything_is_written(tmp_path):
@@ -404,7 +405,7 @@ def test_hybrid_sharding_over_two_nodes_with_accumulation_reaches_the_same_weigh
         assert node.returncode == 0, output[-4000:]
     (run,) = run_dirs(tmp_path)
     plan = read_plan(run)
-    assert plan["degrees"] == {"dp_replicate": 2, "dp_shard": 1, "tp": 1}
+    assert plan["degrees"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 1, "tp": 1, "dp": 2}
     assert plan["strategy"]["fsdp"]["sharding"] == "hybrid"
     assert plan["accumulation"] == 2 and syncs.read_text().split() == ["False", "True"] * (1398 // 32)
     assert_close_weights(weights(run / "checkpoints" / "last.ckpt"), weights(fsdp_run / "checkpoints" / "last.ckpt"))

@@ -72,7 +72,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 def test_tensor_parallel_on_two_processes_ends_at_the_weights_of_one_process(runs):
     plan = json.loads((runs["tp64"] / "plan.json").read_text())
-    assert plan["degrees"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 2}
+    assert plan["degrees"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "tp": 2, "dp": 1}
     assert plan["strategy"]["name"] == "tensor_parallel"
     assert worst_relative(exported(runs["tp64"]), exported(runs["one64"])) < 1e-9
     assert worst_relative(exported(runs["tp32"]), exported(runs["one32"])) < 1e-5

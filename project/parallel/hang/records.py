@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from project.lightning_private import flight_recorder_json
+from project.lightning_private import AUTOGRAD_BACKWARD_FRAME, flight_recorder_json
 
 #: The last collectives each record keeps (and the Flight Recorder's ring, unless TORCH_FR_BUFFER_SIZE is set).
 LAST_COLLECTIVES = 64
@@ -157,7 +157,7 @@ def rank_record(rank: int, why: str, workers: list[dict[str, Any]]) -> dict[str,
         "step": PHASE.step,
         "where": locate(main["frames"]) if main is not None else "`?`",
         # A collective issued from autograd's backward is DDP's gradient all-reduce (a bucket's).
-        "in_backward": main is not None and any(f[2] == "_engine_run_backward" for f in main["frames"]),
+        "in_backward": main is not None and any(f[2] == AUTOGRAD_BACKWARD_FRAME for f in main["frames"]),
         "collectives": last_collectives(),
         "threads": stacks,
         "workers": workers,
