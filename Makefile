@@ -32,7 +32,7 @@ CHECK_PYTHON := import sys; sys.exit(sys.version_info[:2] != (3, 11) and \
   "$(VENV) is not CPython 3.11, which the locks in requirements/ are for: make PYTHON=python3.11 VENV=<new folder>")
 INSTALL_LOCK := $(PY) -m pip install --quiet --require-hashes --no-deps --only-binary :all: -r
 
-.PHONY: setup train test test-fast lint format bench bench-quick gpu-check clean lock audit
+.PHONY: setup train test test-fast test-slow lint format bench bench-quick gpu-check clean lock audit
 
 $(STAMP): pyproject.toml Makefile requirements/lock-pip.txt requirements/lock.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,8 +62,11 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-# The whole suite, every lane (docs/development.md, "The lanes"). `make test-fast`: tests/unit and the end-to-end checks
-# marked `fast` (a fit, a resume, a plan, bad input, 2 processes under Lightning's launcher and torchrun): ~1 min.
+# The everyday suite: every lane but the slow one and conformance (docs/development.md, "The lanes"). `make test-slow`:
+# the slow lane, the long multi-process proofs (elastic training, SLURM, object storage, multi-process sweeps, hangs,
+# the real-accuracy runs: tests/conftest.py's SLOW_FILES and the tests marked `slow`); CI runs it after `make test`.
+# `make test-fast`: tests/unit and the end-to-end checks marked `fast` (a fit, a resume, a plan, bad input, 2
+# processes under Lightning's launcher and torchrun): ~1 min.
 # Two pytest-xdist workers, a test file each at a time (--dist loadfile: a file's module fixtures, the reference runs
 # its tests compare with, run once): one worker's imports, waits and timeouts leave the second core idle otherwise.
 # TEST_WORKERS=0 runs in one process. The files whose checks are about time under signals and kills (a stop within
@@ -74,11 +77,17 @@ PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 ALONE := $(addprefix tests/distributed/,test_preemption.py test_resume.py test_rank_failure.py test_stragglers.py \
   test_timed_checkpoint.py test_slurm.py test_orphans.py test_stop_signals.py test_elastic.py)
 
-# Lint and the installs beside SLURM's (apt, about 20 s): two jobs at once.
+# Lint beside the installs: two jobs at once.
 test:
-	$(MAKE) --no-print-directory -j2 lint $(TEST_STAMP) slurm
-	$(PYTEST) $(addprefix --ignore=,$(ALONE)) --ignore=tests/conformance
-	$(PY) -m pytest $(ALONE)
+	$(MAKE) --no-print-directory -j2 lint $(TEST_STAMP)
+	$(PYTEST) -m "not slow" $(addprefix --ignore=,$(ALONE)) --ignore=tests/conformance
+	$(PY) -m pytest -m "not slow" $(ALONE)
+
+# The installs beside SLURM's (apt, about 20 s), which only the slow lane's test_slurm.py uses.
+test-slow:
+	$(MAKE) --no-print-directory -j2 $(TEST_STAMP) slurm
+	$(PYTEST) -m slow $(addprefix --ignore=,$(ALONE)) --ignore=tests/conformance
+	$(PY) -m pytest -m slow $(ALONE)
 
 test-fast: $(TEST_STAMP)
 	$(PYTEST) -m "unit or fast"

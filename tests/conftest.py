@@ -7,6 +7,11 @@
     tests/conformance  conformance  Lightning's features x layouts x checks (`make conformance`, docs/conformance.md)
 
 So `pytest tests/unit` and `pytest -m unit` select the same tests, and `-m "not slow"` leaves the slow lane out.
+
+The slow lane (`make test-slow`, after `make test` in CI) is tests/slow, the tests marked `slow` beside the fixtures
+they share, and the files of SLOW_FILES below: the long multi-process proofs, whose every test waits for several
+processes' start-ups, timeouts, kills and restarts. Each keeps its own lane's marker too (`-m distributed` still
+selects them). `make test`, the everyday suite, runs `-m "not slow"`.
 The support modules (helpers.py, user_code.py, faults.py, ...) stay in tests/, which pyproject.toml puts on
 sys.path (`pythonpath`) and helpers.cli_env on the PYTHONPATH of every CLI subprocess.
 """
@@ -19,10 +24,25 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 LANES = ("unit", "cli", "distributed", "slow", "conformance")
+#: Whole files of the slow lane, with what makes them long (seconds: one file alone on 2 quiet cores, 2026-12-05).
+SLOW_FILES = {
+    # two torchrun agents lose a node and get it back, ddp and fsdp; a loss the job cannot survive (~200 s)
+    "distributed/test_elastic.py",
+    # a real one-node SLURM: an sbatch job of two tasks, a job signalled, requeued and resumed (~130 s)
+    "distributed/test_slurm.py",
+    # a moto S3 server and two torchrun nodes without a shared disk, killed, wiped and resumed from the store
+    "distributed/test_object_storage.py",
+    # sweeps whose trials are 2-process runs: a driver killed by SIGKILL, the study continued, pruning both ranks
+    "distributed/test_sweep_processes.py",
+    # four stalled 2-process fits and the hang drill, each waiting out its collective timeout
+    "distributed/test_hang.py",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        lane = Path(item.fspath).resolve().relative_to(TESTS).parts[0]
-        if lane in LANES:
-            item.add_marker(lane)
+        parts = Path(item.fspath).resolve().relative_to(TESTS).parts
+        if parts[0] in LANES:
+            item.add_marker(parts[0])
+        if "/".join(parts) in SLOW_FILES:
+            item.add_marker("slow")
