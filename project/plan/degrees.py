@@ -46,11 +46,17 @@ def tensor_degree(config: ParallelConfig, scenario: str, world_size: int) -> int
 
     Raises:
         UserError: a size below 1, one that does not divide the world size, a scenario it does not compose with,
-            or data parallelism beside it where the scenario replicates (2-D is FSDP x TP).
+            a pipeline beside it, or data parallelism beside it where the scenario replicates (2-D is FSDP x TP).
     """
     tp = _checked("tensor_parallel.size", config.tensor_parallel.size, "tp", scenario, world_size)
     if tp == 1:
         return 1
+    pp = config.pipeline_parallel.size
+    if pp > 1:
+        raise UserError(
+            f"parallel.pipeline_parallel.size={pp} with parallel.tensor_parallel.size={tp}: pipeline and tensor "
+            "parallelism do not run together here yet; set one of them to 1"
+        )
     sharded = SCENARIOS[scenario].data_parallel == "shard"
     if sharded and config.fsdp.sharding == "hybrid":
         raise UserError(
@@ -66,22 +72,17 @@ def tensor_degree(config: ParallelConfig, scenario: str, world_size: int) -> int
     return tp
 
 
-def pipeline_degree(config: ParallelConfig, scenario: str, world_size: int, tp: int) -> int:
+def pipeline_degree(config: ParallelConfig, scenario: str, world_size: int) -> int:
     """``parallel.pipeline_parallel.size``, checked against the scenario, the world size and the other degrees.
 
     Raises:
-        UserError: a size below 1 or not dividing the world size, a scenario it does not compose with, tensor
-            parallelism beside it, hybrid sharding, or a schedule with too few micro-batches.
+        UserError: a size below 1 or not dividing the world size, a scenario it does not compose with, hybrid
+            sharding, or a schedule with too few micro-batches.
     """
     section = config.pipeline_parallel
     pp = _checked("pipeline_parallel.size", section.size, "pp", scenario, world_size)
     if pp == 1:
         return 1
-    if tp > 1:
-        raise UserError(
-            f"parallel.pipeline_parallel.size={pp} with parallel.tensor_parallel.size={tp}: pipeline and tensor "
-            "parallelism do not run together here yet; set one of them to 1"
-        )
     if SCENARIOS[scenario].data_parallel == "shard" and config.fsdp.sharding == "hybrid":
         raise UserError(
             f"parallel.pipeline_parallel.size={pp} with parallel.fsdp.sharding 'hybrid': each stage is sharded over "

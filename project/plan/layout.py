@@ -216,7 +216,7 @@ def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: Laun
             f"set WORLD_SIZE={environment.world_size}; make parallel.devices x parallel.num_nodes match"
         )
     tp = tensor_degree(config, scenario, world_size)
-    pp = pipeline_degree(config, scenario, world_size, tp)
+    pp = pipeline_degree(config, scenario, world_size)
     data_parallel = world_size // (tp * pp)
     if SCENARIOS[scenario].data_parallel == "shard":  # over every process, or (hybrid) within a node
         replicate = num_nodes if config.fsdp.sharding == "hybrid" else 1
