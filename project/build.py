@@ -44,7 +44,7 @@ from project.parallel.threads import apply_cpu_threads
 from project.parser_stubs import resolve_stubs_in_process
 from project.plan.config import MOVED_FIELDS, Hardware, ParallelConfig
 from project.plan.environment import detect_environment, refuse_stray_rank
-from project.plan.resolve import Plan, resolve_plan
+from project.plan.resolve import resolve_plan
 from project.run_config import (
     NoProfiler,
     SaveUserConfig,
@@ -56,6 +56,7 @@ from project.run_config import (
     say_replaced_optimizer,
     wants_template_progress_bar,
 )
+from project.run_state import RunState
 from project.runs import run_of_config
 from project.storage.run import refuse_sharded, use_store
 from project.tracking.attach import attach_tracking
@@ -82,8 +83,7 @@ class ProjectCLI(LightningCLI):
     def __init__(self, command: str, args: list[str]) -> None:
         self.command = command
         self.row = COMMANDS[command]  # what the command builds and does
-        self.plan: Plan | None = None
-        self.plan_inputs: tuple[ParallelConfig, Hardware] | None = None
+        self.state = RunState()  # the parallel section, the plan, the loaders' guarantees: handed to the callbacks
         self.chosen: Chosen | None = None
         self.loaders: LoaderGuaranteesCallback | None = None
         self.elastic: ElasticJob | None = None  # fit in an elastic torchrun job (--nnodes MIN:MAX)
@@ -152,22 +152,22 @@ class ProjectCLI(LightningCLI):
         if assumed is not None and assumed < 0:
             raise UserError(f"--assume_gpus={assumed} must be >= 0")
         hardware = Hardware(torch.cuda.device_count()) if assumed is None else Hardware(assumed, assumed=True)
-        self.plan_inputs = (settings, hardware)
+        self.state = RunState(settings, hardware)
         if self.row.builds_trainer:  # `plan` resolves with the data batch size, and says why a launch would fail
             try:
-                self.plan = resolve_plan(settings, hardware, environment, None, self.configured_lr())
-                refuse_sharded(self.plan)  # save_dir a URL: the sharded (fsdp) writer does not commit to a store
+                plan = self.state.built = resolve_plan(settings, hardware, environment, None, self.configured_lr())
+                refuse_sharded(plan)  # save_dir a URL: the sharded (fsdp) writer does not commit to a store
             except UserError as error:  # an elastic job at a size its layout cannot hold: torchrun would retry
                 if self.elastic is None:
                     raise
                 end_job(f"{error} (elastic job {self.elastic.describe()}, now {environment.world_size} processes)")
-            if self.plan.accelerator == "cpu":
-                processes = self.plan.devices if isinstance(self.plan.devices, int) else 1
+            if plan.accelerator == "cpu":
+                processes = plan.devices if isinstance(plan.devices, int) else 1
                 apply_cpu_threads(processes, settings.cpu_threads, rank_zero_only.rank)
             seed = config.get("seed_everything")
-            self.loaders = LoaderGuaranteesCallback(self.plan, seed if isinstance(seed, int) else 0, self._resuming())
+            self.loaders = LoaderGuaranteesCallback(self.state, seed if isinstance(seed, int) else 0, self._resuming())
             # After the plan read the environment: the forked ranks must match it, then Lightning starts none.
-            confirm_started_ranks(self.plan)
+            confirm_started_ranks(plan)
 
     def configured_lr(self) -> float | None:
         """The learning rate of the config's ``optimizer:`` section, if it has one."""
@@ -182,13 +182,13 @@ class ProjectCLI(LightningCLI):
 
     def _stragglers(self) -> StragglerCallback | None:
         """Straggler detection when the plan has several processes and the section asks for it."""
-        settings = self.plan_inputs[0] if self.plan_inputs is not None else None
+        settings, plan = self.state.section, self.state.built
         if settings is not None and (settings.straggler_every_n_steps < 0 or settings.straggler_factor <= 1):
             raise UserError(
                 f"parallel.straggler_every_n_steps={settings.straggler_every_n_steps} must be >= 0 (0: off) and "
                 f"parallel.straggler_factor={settings.straggler_factor} > 1 (times the median of the other ranks)"
             )
-        if self.plan is None or settings is None or self.plan.world_size == 1 or settings.straggler_every_n_steps < 1:
+        if plan is None or settings is None or plan.world_size == 1 or settings.straggler_every_n_steps < 1:
             return None
         return StragglerCallback(settings.straggler_every_n_steps, settings.straggler_factor)
 
@@ -209,17 +209,17 @@ class ProjectCLI(LightningCLI):
                 raise cause from None
             raise UserError(f"could not build the model/data/trainer from the config: {root_cause(error)}") from error
         if self.row.steps_optimizer:  # before any process starts; evaluation never accumulates
-            settings = self.plan_inputs[0] if self.plan_inputs is not None else None
-            refuse_manual_accumulation(self.model, self.trainer.accumulate_grad_batches, settings, self.plan)
+            state = self.state
+            refuse_manual_accumulation(self.model, self.trainer.accumulate_grad_batches, state.section, state.built)
             refuse_unshardable_callbacks(self.trainer)
         if self.row.trains:
             say_replaced_optimizer(self.model, self.config.get("optimizer"))
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The Trainer, with the plan's layout, atomic checkpoint IO and the template's callbacks."""
-        trainer_config = self.config_init["trainer"]
-        if self.plan is not None:
-            kwargs = {**trainer_kwargs(self.plan), **kwargs}
+        trainer_config, plan = self.config_init["trainer"], self.state.built
+        if plan is not None:
+            kwargs = {**trainer_kwargs(plan), **kwargs}
         kwargs["plugins"] = with_atomic_checkpoint_io(trainer_config.get("plugins"))
         if kwargs.get("precision") == "64":  # as a plugin: Lightning's ModelParallelStrategy refuses the flag only
             from lightning.pytorch.plugins import DoublePrecision
@@ -229,18 +229,17 @@ class ProjectCLI(LightningCLI):
         if trainer_config.get("profiler") is None and not trainer_config.get("barebones"):
             kwargs["profiler"] = NoProfiler()  # Lightning's default without its per-hook cost
         chosen = self.chosen.path if self.chosen is not None else None
-        settings = self.plan_inputs[0] if self.plan_inputs is not None else None
-        learning_rate = settings is not None and (settings.lr_scaling != "none" or settings.warmup_steps > 0)
+        section = self.state.section or ParallelConfig()
+        learning_rate = self.state.section is not None and (section.lr_scaling != "none" or section.warmup_steps > 0)
         configured = listed(trainer_config.get("callbacks"))
         writer = self.row.writes_predictions and not lists_prediction_writer(configured)  # predictions.csv by default
         bar = wants_template_progress_bar(trainer_config)
-        section = settings or ParallelConfig()
         stop = StopOnSignal(section.stop_signals, section.stop_grace_s) if self.row.stops_on_signal else None
-        own = template_callbacks(self.loaders, chosen, bar, learning_rate, self._stragglers(), writer, stop)
+        own = template_callbacks(self.state, self.loaders, chosen, bar, learning_rate, self._stragglers(), writer, stop)
         own += [ElasticCallback(self.elastic)] if self.elastic is not None else []  # last: it may end the rank
         # What the model itself must become: torch.compile once the strategy has wrapped it; float64 before a restore
-        shaping = [CompileAfterWrap()] if self.plan is not None and self.plan.compile else []
-        if self.plan is not None and self.plan.precision == "64":
+        shaping = [CompileAfterWrap()] if plan is not None and plan.compile else []
+        if plan is not None and plan.precision == "64":
             shaping.append(Float64BeforeRestore())
         kwargs["callbacks"] = [*configured, *own, *shaping]
         if self.row.self_test:  # the layout, the sampling and the model as configured; nothing written

@@ -94,9 +94,10 @@ def execute(argv: list[str]) -> Run | None:
         return None
     refuse_unknown_weights(command.name, cli.model, cli.chosen, cli.config.get("ckpt_path"))
     refuse_mismatched_checkpoint(cli.chosen, cli.model, cli.trainer)
-    if submits_to_ray(cli.plan):  # parallel.launcher: ray: Ray's workers run this same command; this process waits
+    plan = cli.state.built
+    if submits_to_ray(plan):  # parallel.launcher: ray: Ray's workers run this same command; this process waits
         stop_signals.install([], 0.0)  # the waiting driver ends on a signal as processes do; the workers stop
-        run_on_ray(argv, command.name, cli.plan, run_in_worker)
+        run_on_ray(argv, command.name, plan, run_in_worker)
         return None
     try:
         run_command(command, cli)
@@ -180,7 +181,7 @@ def _explain(command: Command, cli: ProjectCLI, error: BaseException, start_step
     Called before the other ranks are stopped, so that the rank that died first is told apart.
     """
     trainer = cli.trainer
-    timeout_s = cli.plan.strategy_args.get("timeout_s") if cli.plan is not None else None
+    timeout_s = cli.state.built.strategy_args.get("timeout_s") if cli.state.built is not None else None
     restored = f"{cli.chosen.path} (step {start_step})" if cli.chosen is not None else None
     if command.self_test:
         return error_from_worker(error) or explain_rank_failure(

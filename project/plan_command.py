@@ -61,8 +61,8 @@ def configured_batch_size(datamodule: Any) -> int | None:
 def resolve_for_plan(cli: ProjectCLI, loader: Any, unbuilt: str | None) -> Plan:
     """The plan ``fit`` would resolve; without the loader (``unbuilt``: why) from the config's batch size, said so."""
     # A layout an outside launcher would refuse is shown with the reason.
-    assert cli.plan_inputs is not None
-    settings, hardware = cli.plan_inputs
+    settings, hardware = cli.state.section, cli.state.hardware
+    assert settings is not None and hardware is not None
     environment = detect_environment()
     data_batch = getattr(loader, "batch_size", None) if loader is not None else configured_batch_size(cli.datamodule)
     notes: tuple[str, ...] = ()
@@ -151,8 +151,8 @@ def memory_estimate(cli: ProjectCLI, plan: Plan) -> dict[str, Any] | None:
     """Per-device memory of the built model under this plan's layout, ddp beside fsdp (``None``: no model)."""
     if cli.model is None:
         return None
-    assert cli.plan_inputs is not None
-    settings = cli.plan_inputs[0]
+    settings = cli.state.section
+    assert settings is not None
     section = cli.config.get("optimizer")
     return estimate(
         cli.model,
@@ -171,8 +171,8 @@ def tensor_styles(cli: ProjectCLI, plan: Plan) -> dict[str, str]:
     tp = plan.layout.tp
     if tp == 1 or cli.model is None:
         return {}
-    assert cli.plan_inputs is not None
-    return resolve_tensor_plan(cli.model, cli.plan_inputs[0].tensor_parallel.plan, tp)
+    assert cli.state.section is not None
+    return resolve_tensor_plan(cli.model, cli.state.section.tensor_parallel.plan, tp)
 
 
 def tensor_split_bytes(model: Any, styles: dict[str, str]) -> tuple[int, int]:
@@ -187,9 +187,9 @@ def print_plan(cli: ProjectCLI) -> None:
     loader, unbuilt = training_loader(cli.datamodule)
     plan = resolve_for_plan(cli, loader, unbuilt)
     # What fit would refuse before starting, plan refuses alike (the plan of a run that cannot start misleads).
-    refuse_manual_accumulation(cli.model, plan.accumulation, cli.plan_inputs[0], plan)
+    refuse_manual_accumulation(cli.model, plan.accumulation, cli.state.section, plan)
     data = plan.to_dict()
-    data["strategy"].update(plan_units(plan.scenario, plan.strategy, cli.model, cli.plan_inputs[0].fsdp.wrap_modules))
+    data["strategy"].update(plan_units(plan.scenario, plan.strategy, cli.model, cli.state.section.fsdp.wrap_modules))
     styles = tensor_styles(cli, plan)
     if styles:
         data["strategy"]["tensor_parallel"] = {"size": plan.layout.tp, "modules": styles}

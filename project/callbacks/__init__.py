@@ -37,6 +37,7 @@ from project.callbacks.timed_checkpoint import TimedCheckpoint
 from project.callbacks.trainable_set import TrainableSetCallback
 from project.callbacks.unwrap import UnwrapEvalCallback
 from project.parallel.hang import HangRecorder
+from project.run_state import RunState
 from project.sweep.pruning import sweep_trial_callbacks
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
 
 
 def template_callbacks(
+    state: RunState,
     loaders: LoaderGuaranteesCallback | None,
     ckpt_path: str | None,
     progress_bar: bool,
@@ -75,6 +77,7 @@ def template_callbacks(
     """The callbacks every run gets, in the order they must run (the loaders before the record of them).
 
     Args:
+        state: The run's state, which the builder made: handed to each callback that reads the plan.
         loaders: The parallel layer's loader callback; ``None`` with ``parallel: null`` (plain Lightning).
         ckpt_path: The checkpoint this process starts from, for the same-checkpoint-on-every-rank check.
         progress_bar: Add :class:`ProgressBar` (Lightning's rich bar, redrawn at most 10 times a second).
@@ -84,14 +87,14 @@ def template_callbacks(
         stop: The stop on a signal (``fit``): every rank stops at the same step and saves it.
     """
     own: list[Callback] = [loaders] if loaders is not None else []
-    if loaders is not None and loaders.built_plan.micro_batch == "auto":
-        own.append(MicroBatchSearch(loaders))  # fit: the micro-batch, before the loaders are taken
+    if loaders is not None and state.built is not None and state.built.micro_batch == "auto":
+        own.append(MicroBatchSearch(state, loaders))  # fit: the micro-batch, before the loaders are taken
     if learning_rate and loaders is not None:
-        own.append(LearningRateCallback(loaders))
-    own += [RunRecordCallback(loaders), RandomStateCallback(ckpt_path), MonitoredMetricsCheck()]
+        own.append(LearningRateCallback(state))
+    own += [RunRecordCallback(state), RandomStateCallback(ckpt_path), MonitoredMetricsCheck()]
     own.append(UnusedParametersCheck())  # DDP: parameters that got no gradient, named before the first step
     # DDP reduces what trains now (fine-tuning), the trainable set survives a resume; replicas compared at each save
-    own += [TrainableSetCallback(), ReplicaGuard(loaders.built_plan if loaders is not None else None)]
+    own += [TrainableSetCallback(), ReplicaGuard(state.built)]
     own += [stragglers] if stragglers is not None else []
     own.append(HangRecorder())  # several processes: at a stall every rank's stacks in hang/, the stuck rank named
     own += [PredictionsWriter()] if predictions else []

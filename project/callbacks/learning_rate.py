@@ -15,25 +15,25 @@ from typing import Any
 import lightning as L
 import torch
 
-from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.lightning_private import set_last_lr
 from project.models.step_logging import log_on_logged_steps
+from project.run_state import RunState
 
 
 class LearningRateCallback(L.Callback):
     """Scale the learning rates by the plan's factor, warm them up, and log ``train/lr`` on logging steps.
 
     Args:
-        loaders: The loader callback, whose plan (resolved with the data batch size) holds the factor.
+        state: The run's state, whose plan (resolved with the data batch size) holds the factor.
     """
 
-    def __init__(self, loaders: LoaderGuaranteesCallback) -> None:
-        self.loaders = loaders
+    def __init__(self, state: RunState) -> None:
+        self.state = state
         self._scheduled: tuple[torch.optim.Optimizer, list[float]] | None = None
         self._used: float | None = None
 
     def _settings(self) -> dict[str, Any]:
-        plan = self.loaders.plan
+        plan = self.state.plan
         return plan.learning_rate if plan is not None else {}
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

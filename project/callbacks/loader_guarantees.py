@@ -38,7 +38,7 @@ from project.parallel.sampler_install import (
 )
 from project.parallel.samplers import GlobalBatchSampler
 from project.parallel.stream import GlobalBatchStream, is_stateful
-from project.plan.resolve import Plan
+from project.run_state import RunState
 
 EVAL_HOOKS = {"val_dataloader": "validation", "test_dataloader": "test", "predict_dataloader": "predict"}
 
@@ -63,18 +63,17 @@ class LoaderGuaranteesCallback(L.Callback):
     """World-size-invariant training batches and exactly-once, ordered evaluation for any datamodule.
 
     Args:
-        plan: The run's plan; the training loader's ``batch_size`` completes its batch fields.
+        state: The run's state: its built plan, which the training loader's ``batch_size`` completes (the state
+            holds the plan as it is replaced, and the guarantees this callback records for ``plan.json``).
         run_seed: Seed of the training permutation when the loader has no generator of its own.
         resuming: This callback's state in the checkpoint the run starts from, if any: checked at
             ``setup``, before anything is written, against the plan.
     """
 
-    def __init__(self, plan: Plan, run_seed: int = 0, resuming: dict[str, Any] | None = None) -> None:
-        self.built_plan = plan
+    def __init__(self, state: RunState, run_seed: int = 0, resuming: dict[str, Any] | None = None) -> None:
+        self.state = state
         self.run_seed = run_seed
         self.resuming = resuming
-        self.plan: Plan | None = None  # the plan with the data batch size applied (after ``setup('fit')``)
-        self.guarantees: dict[str, dict[str, Any]] = {}  # stage -> what holds for its loaders, for plan.json
         self._wrapped: set[int] = set()
         self._built_train: Any = None
         self._sampler: GlobalBatchSampler | None = None
@@ -86,7 +85,6 @@ class LoaderGuaranteesCallback(L.Callback):
         self._position = (0, 0)  # (epoch, batches trained in it)
         self._said: set[str] = set()
         self._limits = TrainerLimits()
-        self._micro: tuple[int, tuple[tuple[int, bool], ...]] | None = None  # micro_batch auto's pick and trials
 
     # ---------------------------------------------------------------- wiring
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -100,12 +98,12 @@ class LoaderGuaranteesCallback(L.Callback):
         if stage == "fit" and is_overridden("train_dataloader", source):
             loader = source.train_dataloader()
             # A loader the layer left alone is built again by Lightning, which records its arguments then.
-            self._built_train = loader if self.guarantees["training"]["held"] else None
-            check_resumable(self.resuming, self.plan)
+            self._built_train = loader if self.state.guarantees["training"]["held"] else None
+            check_resumable(self.resuming, self.state.plan)
             if self._sampler is not None:  # map-style: the epoch's global batches are known now
                 refuse_unreachable_validation(trainer, self._sampler.num_global_batches)
-        elif self.plan is None:
-            self.plan = self.built_plan
+        else:
+            self.state.evaluating()
 
     def _wrap(self, hook: str, original: Callable[[], Any], trainer: L.Trainer) -> Callable[[], Any]:
         def train_dataloader() -> Any:
@@ -130,22 +128,14 @@ class LoaderGuaranteesCallback(L.Callback):
         """The training loader built at ``setup`` and its sampler, while Lightning has not taken it (map-style data)."""
         return (self._built_train, self._sampler) if self._built_train is not None and self._sampler else None
 
-    def use_micro_batch(self, micro: int, trials: tuple[tuple[int, bool], ...]) -> None:
-        """``micro_batch: auto`` picked ``micro``: the plan says so (the loader keeps whole steps, split later)."""
-        assert self.plan is not None
-        self._micro = (micro, trials)
-        self.plan = self.plan.with_micro_batch(micro, trials)
-
     def _training(self, loader: Any, trainer: L.Trainer) -> Any:
-        self.plan = self.built_plan.with_data_batch(getattr(loader, "batch_size", None))
-        if self._micro is not None:
-            self.plan = self.plan.with_micro_batch(*self._micro)
-        per_device, accumulation = self.plan.loader_batches
-        world, rank = self.plan.dp_size, self.plan.dp_rank(trainer.global_rank)  # not the world: tp groups share data
+        plan = self.state.with_data_batch(getattr(loader, "batch_size", None))  # the micro-batch picked so far kept
+        per_device, accumulation = plan.loader_batches
+        world, rank = plan.dp_size, plan.dp_rank(trainer.global_rank)  # not the world: tp groups share data
         refuse_several_training_loaders(loader, world)
         self._train_limit = limit = trainer.limit_train_batches
         if own_batching(loader) is not None:  # the user's batches are the global batches: each split over the ranks
-            loader, guarantee = install_batch_sampler(loader, self.plan, trainer.global_rank, self.run_seed)
+            loader, guarantee = install_batch_sampler(loader, plan, trainer.global_rank, self.run_seed)
         elif per_device is None:
             self._record("training", Guarantee(False, "the training loader has no batch_size"), trainer)
             return loader
@@ -169,13 +159,14 @@ class LoaderGuaranteesCallback(L.Callback):
         return loader
 
     def _evaluation(self, loader: Any, trainer: L.Trainer, stage: str, limit: int | float | None) -> Any:
-        plan = self.plan or self.built_plan
+        plan = self.state.plan or self.state.built
+        assert plan is not None, "a run without a parallel section installs no loaders"
         loader, guarantee = install_eval_sampler(loader, plan.dp_size, plan.dp_rank(trainer.global_rank), stage, limit)
         self._record(stage, guarantee, trainer)
         return loader
 
     def _record(self, stage: str, guarantee: Guarantee, trainer: L.Trainer) -> None:
-        self.guarantees[stage] = guarantee.to_dict()
+        self.state.guarantees[stage] = guarantee.to_dict()
         # One line per stage, once, and only where the layout makes it matter.
         if not guarantee.held and trainer.world_size > 1 and stage not in self._said and trainer.is_global_zero:
             self._said.add(stage)
@@ -203,7 +194,7 @@ class LoaderGuaranteesCallback(L.Callback):
         """How far into the epoch training got (in global micro-batches), and how large they were."""
         epoch, done = self._position
         limit = self._train_limit if isinstance(self._train_limit, int) else float("inf")
-        plan = self.plan
+        plan = self.state.plan
         sizes = {"global_batch_size": plan.global_batch_size, "accumulation": plan.loader_batches[1]} if plan else {}
         stream = (
             # An epoch cut by an int limit_train_batches is over too: the next one reads the stream from its start.

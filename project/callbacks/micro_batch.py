@@ -26,6 +26,7 @@ from project.errors import RunFailure, UserError
 from project.parallel.micro_batch import FAILED, FITS, agree, try_micro_batch
 from project.parallel.split_step import SplitStep
 from project.plan.micro_batch import AUTO, micro_batch_candidates
+from project.run_state import RunState
 
 _PER_SAMPLE_STATISTICS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
 
@@ -40,16 +41,18 @@ class MicroBatchSearch(L.Callback):
     """Pick the micro-batch under ``micro_batch: auto``; hand it to the plan and to the split of each step.
 
     Args:
-        loaders: The loader callback: its plan (resolved with the data batch) and the training loader it built.
+        state: The run's state: its plan (resolved with the data batch), which the pick replaces.
+        loaders: The loader callback, whose training loader (built at ``setup``) the trial steps draw from.
     """
 
-    def __init__(self, loaders: LoaderGuaranteesCallback) -> None:
+    def __init__(self, state: RunState, loaders: LoaderGuaranteesCallback) -> None:
+        self.state = state
         self.loaders = loaders
         self._split: SplitStep | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Try the candidate sizes, largest first, until one fits on every rank."""
-        plan = self.loaders.plan
+        plan = self.state.plan
         if plan is None or plan.micro_batch != AUTO:
             return
         built = self.loaders.training_loader()
@@ -81,7 +84,7 @@ class MicroBatchSearch(L.Callback):
                 f"micro_batch auto: no micro-batch fits in memory on every rank (tried {tried} samples per process); "
                 "use more processes, a smaller model, or scenario fsdp with a fixed parallel.micro_batch"
             )
-        self.loaders.use_micro_batch(micro, tuple(trials))
+        self.state.use_micro_batch(micro, tuple(trials))  # the loader keeps whole steps, split later
         self._split = SplitStep(trainer, micro, candidates, plan.per_device_batch_size)
         self._split.install()
         self._say(trainer, pl_module)
@@ -104,7 +107,7 @@ class MicroBatchSearch(L.Callback):
 
     def _say(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The pick in one line (rank 0), and a warning where a module normalises each micro-batch."""
-        plan = self.loaders.plan
+        plan = self.state.plan
         assert plan is not None
         if not trainer.is_global_zero:
             return

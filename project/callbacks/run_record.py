@@ -8,8 +8,8 @@ from typing import Any
 import lightning as L
 
 from project.callbacks.elastic import ElasticCallback
-from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.checkpoints.atomic import atomic_write_text
+from project.run_state import RunState
 from project.runs import run_directory
 
 
@@ -17,12 +17,12 @@ class RunRecordCallback(L.Callback):
     """Record the resolved parallel plan, the Trainer's runtime layout and the loaders' guarantees as ``plan.json``.
 
     Args:
-        loaders: The callback that resolved the plan with the data batch size and installed the samplers.
-            ``None`` when the ``parallel`` section is not used (plain Lightning layout).
+        state: The run's state: its plan (resolved with the data batch size) and the guarantees of the loaders
+            the layer installed; no plan with ``parallel: null`` (plain Lightning layout).
     """
 
-    def __init__(self, loaders: LoaderGuaranteesCallback | None = None) -> None:
-        self.loaders = loaders
+    def __init__(self, state: RunState | None = None) -> None:
+        self.state = state if state is not None else RunState()
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Write plan.json (rank 0); again at the next stage of the same run (fit, then test)."""
@@ -49,7 +49,7 @@ class RunRecordCallback(L.Callback):
 
     def write(self, trainer: L.Trainer, log_dir: str) -> None:
         """The record, written atomically."""
-        plan = self.loaders.plan if self.loaders is not None else None
+        plan = self.state.plan
         record: dict[str, Any] = plan.to_dict() if plan is not None else {"scenario": "lightning (no parallel section)"}
         cluster = getattr(trainer.strategy, "cluster_environment", None)  # none on one device
         record["runtime"] = {
@@ -66,7 +66,7 @@ class RunRecordCallback(L.Callback):
             record["runtime"]["tensor_parallel"] = dict(styles)
         if plan is None:
             record["world_size"] = trainer.world_size
-        record["guarantees"] = dict(self.loaders.guarantees) if self.loaders is not None else {}
+        record["guarantees"] = dict(self.state.guarantees)
         elastic = next((c for c in trainer.callbacks if isinstance(c, ElasticCallback)), None)
         if elastic is not None:  # torchrun --nnodes MIN:MAX: the range, what a loss costs, where changes go
             record["elastic"] = elastic.record(trainer)

@@ -129,7 +129,7 @@ def test_the_parser_and_the_plan_agree_with_the_pre_parse(files, name):
 
     argv = argv_of(name, files)
     cli = ProjectCLI("plan", [arg for arg in argv[1:] if arg not in ("--ckpt_path", "none")])
-    settings, _ = cli.plan_inputs
+    settings = cli.state.section
     plan = resolve_plan(settings, Hardware(0), detect_environment({}), None)
     assert (plan.devices, plan.num_nodes, plan.launcher) == (TABLE[name][1], 1, "lightning")
 

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from project.callbacks import PredictionsWriter, lists_prediction_writer, template_callbacks
 from project.callbacks.prediction_format import Unsplittable, prediction_csv, prediction_table
+from project.run_state import RunState
 
 from helpers import CPU_DDP, DIGITS, FAST, assert_clean_error, run_cli, run_dirs, two_at_a_time
 
@@ -103,7 +104,7 @@ def test_the_default_writer_only_where_the_config_lists_none():
     assert lists_prediction_writer([PredictionsWriter()]) and lists_prediction_writer(_Mine())
     assert not lists_prediction_writer(None) and not lists_prediction_writer([L.Callback()])
     for predictions, expected in ((True, 1), (False, 0)):
-        own = template_callbacks(None, None, False, predictions=predictions)
+        own = template_callbacks(RunState(), None, None, False, predictions=predictions)
         assert sum(isinstance(c, PredictionsWriter) for c in own) == expected
 
 

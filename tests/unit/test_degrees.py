@@ -20,6 +20,7 @@ from project.plan.environment import LaunchEnvironment
 from project.plan.layout import Layout
 from project.plan.memory import estimate
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
+from project.run_state import RunState
 
 WORLD = 4
 TP_2 = Layout("cpu", "cpu", WORLD, 1, dp_replicate=2, tp=2)
@@ -49,7 +50,7 @@ def test_the_plan_counts_data_parallel_ranks_for_the_batch():
 
 
 def _loader_of_rank(plan, rank: int) -> DataLoader:
-    callback = LoaderGuaranteesCallback(plan)
+    callback = LoaderGuaranteesCallback(RunState(built=plan))
     trainer = SimpleNamespace(world_size=WORLD, global_rank=rank, limit_train_batches=1.0, is_global_zero=rank == 0)
     data = TensorDataset(torch.arange(64).float())
     return callback._training(DataLoader(data, batch_size=8, shuffle=True), trainer)

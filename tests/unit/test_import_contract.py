@@ -24,7 +24,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("project.launch", "project.commands"),
     # Run records and checkpoints in object storage (fsspec URL, commit-then-point, lease): under every writer.
     ("project.storage",),
-    ("project.lightning_private", "project.runs", "project.run_guard", "project.run_lock"),
+    # The run's state (section, plan, loaders' guarantees): made by the builder, read by the callbacks.
+    ("project.lightning_private", "project.runs", "project.run_guard", "project.run_lock", "project.run_state"),
     ("project.checkpoints",),
     ("project.parallel",),
     (
