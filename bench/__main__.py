@@ -33,8 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--pipeline",
-        action="store_true",
-        help="only the GPT at 2 pipeline stages (1F1B and GPipe), raw pipelining loop and template (results/pipeline/)",
+        nargs="?",
+        type=pipeline.schedules_of,
+        const=pipeline.SCHEDULES,
+        default=None,
+        help="only the GPT at 2 pipeline stages, raw pipelining loop and template, with these schedules "
+        "(default 1f1b,gpipe; results/pipeline/)",
     )
     parser.add_argument(
         "--processes",
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu_note = f"skipped: {gpu_note}"
         print(f"bench ({mode}): {repeats} repeat(s); GPU row: {gpu_note}", flush=True)
         found = rows(args.quick, has_gpu and not args.startup, args.ablate, args.startup, args.chargpt)
-        found = pipeline.rows(args.quick) if args.pipeline else found
+        found = pipeline.rows(args.quick, args.pipeline) if args.pipeline else found
         found = [row for row in found if not args.processes or row.processes in args.processes]
         results = run_all(found, repeats, work, args.threads, args.quick, log=lambda line: print(line, flush=True))
         info = machine()

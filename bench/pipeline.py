@@ -8,6 +8,7 @@ ways of a repeat run one after the other) with its range; the target is at least
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, replace
 
 from bench.harness import RowResult
@@ -53,11 +54,23 @@ class Pipeline:
         ]  # fmt: skip
 
 
+def schedules_of(text: str) -> tuple[str, ...]:
+    """``--pipeline``'s value, e.g. ``1f1b,gpipe``, as schedule names.
+
+    Raises:
+        argparse.ArgumentTypeError: a name that is not one of :data:`SCHEDULES` (argparse prints it in one line).
+    """
+    names = tuple(name.strip().lower() for name in text.split(","))
+    unknown = sorted(set(names) - set(SCHEDULES))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown pipeline schedule(s) {unknown}; choose from {','.join(SCHEDULES)}")
+    return names
+
+
 def rows(quick: bool, schedules: tuple[str, ...] = SCHEDULES) -> list[Row]:
     """The GPT at 2 stages on 2 processes (one pipeline, no data parallelism), raw and template, per schedule."""
     workload = QUICK_CHARGPT if quick else PIPELINE_CHARGPT
-    chosen = schedules[:1] if quick else schedules
-    return [Row(workload, 2, variants=("raw", "template"), pipeline=Pipeline(2, name)) for name in chosen]
+    return [Row(workload, 2, variants=("raw", "template"), pipeline=Pipeline(2, name)) for name in schedules]
 
 
 def pipeline_table(results: list[RowResult]) -> list[str]:
