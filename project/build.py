@@ -58,7 +58,7 @@ from project.run_config import (
 )
 from project.run_state import RunState
 from project.runs import run_of_config
-from project.storage.run import refuse_sharded, use_store
+from project.storage.run import use_store
 from project.tracking.attach import attach_tracking
 from project.tracking.config import TrackingConfig
 
@@ -156,7 +156,6 @@ class ProjectCLI(LightningCLI):
         if self.row.builds_trainer:  # `plan` resolves with the data batch size, and says why a launch would fail
             try:
                 plan = self.state.built = resolve_plan(settings, hardware, environment, None, self.configured_lr())
-                refuse_sharded(plan)  # save_dir a URL: the sharded (fsdp) writer does not commit to a store
             except UserError as error:  # an elastic job at a size its layout cannot hold: torchrun would retry
                 if self.elastic is None:
                     raise

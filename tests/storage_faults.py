@@ -33,3 +33,35 @@ class KillDuringUpload(L.Callback):
             return entry
 
         objects.put = dying_put
+
+
+class KillAfterOwnShards(L.Callback):
+    """SIGKILL rank ``rank`` once its own shards of the first sharded save of step ``step`` or later are in the store.
+
+    The other ranks' shards may be up too; rank 0's commit is not (it waits for every rank's upload first): a kill
+    after some shards of a sharded checkpoint and before its commit.
+    """
+
+    def __init__(self, step: int, rank: int = 1) -> None:
+        self.step = step
+        self.rank = rank
+        self.steps: dict[str, int] = {}  # save token -> the step it saved
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Note each save's step by its token (training thread); kill after the upload (writer thread)."""
+        from project.checkpoints import sharded_save
+        from project.storage import shards
+
+        partial_name, upload_own = sharded_save.partial_name, shards.upload_own
+
+        def noting(target: Any, token: str) -> Any:
+            self.steps[token] = trainer.global_step
+            return partial_name(target, token)
+
+        def dying(partial: Any, path: Any, token: str, rank: int) -> dict[str, Any]:
+            files = upload_own(partial, path, token, rank)
+            if rank == self.rank and self.steps.get(token, -1) >= self.step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return files
+
+        sharded_save.partial_name, shards.upload_own = noting, dying

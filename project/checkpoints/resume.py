@@ -33,7 +33,7 @@ from project.checkpoints.sharded import is_sharded_checkpoint, read_checkpoint, 
 from project.checkpoints.sharded_save import checkpoints_in, final_name, recover_swaps, remove_partial
 from project.commands import COMMANDS
 from project.errors import UserError
-from project.storage.pull import counts
+from project.storage.pull import checkpoint_at, counts
 
 #: ``--resume`` values: ``auto`` continues the newest good checkpoint of the run name, or starts fresh.
 RESUME_AUTO = "auto"
@@ -199,7 +199,8 @@ def choose_checkpoint(
             "give the file (logs/<name>/version_<n>/checkpoints/best-*.ckpt) or `last`"
         )
     if resume != RESUME_AUTO and ckpt_path != "last":
-        return Chosen(str(ckpt_path), read_checkpoint(str(ckpt_path)))
+        path = checkpoint_at(str(ckpt_path))  # a URL: its committed copy, pulled into this node's cache
+        return Chosen(path, read_checkpoint(path))
     asked = f"--resume {resume}" if resume is not None else "--ckpt_path last"
     name = RunName(run.parent, run.name) if run is not None else run_name(trainer)
     found = _find_newest_good(name)

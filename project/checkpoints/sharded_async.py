@@ -41,6 +41,8 @@ from project.checkpoints import pending, sharded_save
 from project.checkpoints.background import CheckpointWriteError, first_failure
 from project.checkpoints.sharded import LIGHTNING_META
 from project.errors import Preempted, first_line
+from project.storage import shards as store_shards
+from project.storage.run import withdraw
 
 #: Words of gloo's and nccl's errors when a peer went away during the write's collectives (a rank died).
 _LOST_RANK = ("connection reset", "connection closed", "broken pipe", "socket closed")
@@ -120,7 +122,7 @@ class AsyncShardedWriter:
             async_stager=self._staging(),
         )
         assert isinstance(upload, Future)  # a stager that stages before returning: DCP's plain future
-        done = self._submit(f"write the checkpoint {path}", self._complete, upload, partial, path, data)
+        done = self._submit(f"write the checkpoint {path}", self._complete, upload, partial, path, (token, data))
         pending.track(path, done)
         pending.track(path / LIGHTNING_META, done)
 
@@ -188,14 +190,14 @@ class AsyncShardedWriter:
             self._stager = DefaultStager(options)
         return self._stager
 
-    def _complete(self, upload: Future[Any], partial: Path, path: Path, data: bytes | None) -> None:
+    def _complete(self, upload: Future[Any], partial: Path, path: Path, saved: tuple[str, bytes | None]) -> None:
         # On the writer thread. DCP raises a failure of any rank on every rank; rank 0's own steps after it are
         # told to all by one broadcast, which also holds every rank here until the checkpoint is in place.
-        error: BaseException | None = None
+        (token, data), error = saved, None
         try:
             upload.result()
-            if data is not None:
-                sharded_save.finish(partial, path, data)
+            # rank 0 adds meta.pt and swaps the folder in (in object storage: after every rank's upload, then commits)
+            store_shards.publish(partial, path, token, data, self._group, sharded_save.finish)
         except BaseException as caught:  # DCP's CheckpointException is a BaseException
             error = caught
         verdict = [None if error is None else describe(error)]
@@ -204,6 +206,7 @@ class AsyncShardedWriter:
             raise error
         if verdict[0] is not None:
             raise RuntimeError(f"on rank 0: {verdict[0]}")
+        store_shards.drop_node_copy(partial)
 
     def _remove_after(self, before: list[Future[None]], path: Path) -> None:
         # On the writer thread, after every future in `before` (one worker runs them in order).
@@ -211,6 +214,7 @@ class AsyncShardedWriter:
             return
         try:
             sharded_save.remove_path(Path(path))
+            withdraw(path)  # object storage: its commit, then its data
         except OSError as error:  # an extra checkpoint left behind costs disk, not the run
             sys.stderr.write(f"warning: could not remove the checkpoint {path} ({error})\n")
 

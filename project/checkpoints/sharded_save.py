@@ -13,7 +13,7 @@ and the old one removed. A kill in between leaves the newest complete checkpoint
 completes the swap; an ``.old`` is never left behind.
 
 :func:`save_sharded` does all of it before returning (``parallel.fsdp.async_save: false``);
-:mod:`project.checkpoints.sharded_async` runs the same steps in the background.
+:mod:`project.checkpoints.sharded_async` runs the same steps in the background; in object storage, too.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
 
 from project.checkpoints.sharded import LIGHTNING_META, OPTIMIZER, WEIGHTS
+from project.storage import shards as store_shards
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -222,9 +223,10 @@ def save_sharded(
     partial = partial_name(path, token)
     shards, meta = split(checkpoint)
     dcp.save(shards, storage_writer=shard_writer(partial), planner=shard_planner())
-    if is_rank_zero:  # DCP wrote .metadata after every rank's shards: the folder is complete but for meta.pt
-        finish(partial, path, serialize(meta))
+    # DCP wrote .metadata after every rank's shards: rank 0 adds meta.pt (in a store: after every rank's upload)
+    store_shards.publish(partial, path, token, serialize(meta) if is_rank_zero else None, None, finish)
     barrier()
+    store_shards.drop_node_copy(partial)
 
 
 def write_file_over(path: Path, write: Callable[[IO[bytes]], Any]) -> None:

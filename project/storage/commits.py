@@ -35,17 +35,19 @@ def commit_path(remote: str) -> str:
     return remote + COMMIT_SUFFIX
 
 
-def upload(store: Store, local: Path, files: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def upload(
+    store: Store, local: Path, files: dict[str, dict[str, Any]] | None = None, data_token: str | None = None
+) -> dict[str, Any]:
     """Upload the checkpoint ``local`` (file or folder) under a fresh token, then commit it with one PUT.
 
     ``files`` (relative name -> size and SHA-256) is given when the folder's files were uploaded already (every
-    rank its own shards); else they are uploaded here.
+    rank its own shards, under ``data_token``: :func:`data_path`); else they are uploaded here.
     """
     remote = store.remote(local)
     if remote is None:
         raise ValueError(f"{local} is not in the scratch cache of {store.url}")
     folder, name = remote.rsplit("/", 1)
-    data = f"{DATA}/{token()}/{name}"
+    data = f"{DATA}/{data_token or token()}/{name}"
     if files is None:
         files = upload_files(store, local, f"{folder}/{data}")
     previous, _ = objects.read_json(store.fs, commit_path(remote))
@@ -66,6 +68,12 @@ def upload(store: Store, local: Path, files: dict[str, dict[str, Any]] | None = 
 def token() -> str:
     """A fresh data token: time first, so a listing reads oldest first."""
     return f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+
+
+def data_path(remote: str, data_token: str) -> str:
+    """The store path the data of the checkpoint ``remote`` goes under for ``data_token`` (before its commit)."""
+    folder, name = remote.rsplit("/", 1)
+    return f"{folder}/{DATA}/{data_token}/{name}"
 
 
 def upload_files(store: Store, local: Path, data_remote: str) -> dict[str, dict[str, Any]]:

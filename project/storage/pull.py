@@ -15,9 +15,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from project.storage import objects
-from project.storage.commits import committed
-from project.storage.location import Store, active
+from project.errors import UserError
+from project.storage import location, objects
+from project.storage.commits import COMMIT_SUFFIX, commit_path, committed
+from project.storage.location import Store, active, is_url, open_store
 
 # The cached checkpoint paths this process pulled, each the copy of a commit.
 _PULLED: set[Path] = set()
@@ -47,6 +48,46 @@ def pull(store: Store, name_root: Path, version: str | None) -> Path | None:
     return name_root / run
 
 
+def checkpoint_at(path: str) -> str:
+    """``path`` itself, or for a checkpoint's URL (``--ckpt_path``, ``consolidate``) its committed copy in the cache.
+
+    The copy is ``$PROJECT_SCRATCH_DIR/<scheme>/<bucket>/<key>`` (the path a run's own cache gives it), fetched
+    unless it holds the commit's files already.
+
+    Raises:
+        UserError: no commit names a checkpoint at the URL.
+    """
+    if not is_url(path):
+        return path
+    store = open_store(path)
+    record, _ = objects.read_json(store.fs, commit_path(store.root))
+    if record is None or not isinstance(record.get("files"), dict):
+        raise UserError(
+            f"{path} is not a committed checkpoint ({path}{COMMIT_SUFFIX} is not in the store); give the URL of a "
+            "checkpoint a run committed, e.g. s3://bucket/prefix/<name>/version_<n>/checkpoints/last.ckpt"
+        )
+    fetch(store, store.root.rsplit("/", 1)[0], record, store.scratch)
+    return str(store.scratch)
+
+
+def complete(path: str | os.PathLike[str]) -> None:
+    """A checkpoint of the store's cache (or a file of its folder) made whole on this node before it is read.
+
+    On nodes that share no disk a node holds only its own shards of a sharded save (node 1 none of rank 0's
+    ``meta.pt``): a read of it (the test after fit, the export of the best checkpoint) fetches what its commit
+    names. Nothing happens outside a store's cache, for a checkpoint without a commit, or when the cache holds it.
+    """
+    located = location.of(path)
+    if located is None:
+        return
+    store, remote = located
+    for candidate in (remote, remote.rsplit("/", 1)[0]):  # the checkpoint itself, or the folder of this file
+        record, _ = objects.read_json(store.fs, commit_path(candidate))
+        if record is not None and isinstance(record.get("files"), dict):
+            fetch(store, candidate.rsplit("/", 1)[0], record, store.local(candidate))
+            return
+
+
 def fetch(store: Store, folder_remote: str, record: dict[str, Any], local: Path) -> None:
     """Make ``local`` the committed checkpoint ``record`` names (downloaded unless the cache holds it already)."""
     files: dict[str, dict[str, Any]] = record["files"]
@@ -69,6 +110,9 @@ def _fetch_folder(store: Store, data: str, files: dict[str, dict[str, Any]], loc
     shutil.rmtree(partial, ignore_errors=True)
     for name, entry in files.items():
         objects.get(store.fs, f"{data}/{name}", partial / name, entry)
+    if local.is_dir() and all(_same(local / name, entry) for name, entry in files.items()):
+        shutil.rmtree(partial)  # another process of this node fetched it meanwhile (and may be reading it)
+        return
     if local.is_dir():
         shutil.rmtree(local)
     elif local.exists():

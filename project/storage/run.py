@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from project.errors import UserError
 from project.storage import commits, location, objects, records
 from project.storage.lease import Lease
 from project.storage.pull import pull
@@ -43,25 +42,6 @@ def use_store(trainer: Any, command: str, ckpt_path: str | None, resume: str | N
         version = f"version_{version}" if isinstance(version, int) else version
         pull(store, store.scratch / (args.get("name") or ""), version)
     return store
-
-
-def refuse_sharded(plan: Any) -> None:
-    """Refuse a run whose checkpoints are sharded folders (fsdp) in a run directory given as a URL, for now.
-
-    Each rank writes its own shards on its own node; committing them needs every rank's upload before rank 0's
-    commit, which the sharded writer does not do yet. Refused before anything is built, rather than a store
-    that silently holds no checkpoint to resume.
-
-    Raises:
-        UserError: the plan's strategy row writes sharded checkpoints and the run directory is a URL.
-    """
-    store = location.active()
-    if store is not None and plan is not None and plan.row.checkpoint == "sharded":
-        raise UserError(
-            f"save_dir {store.url} is object storage, and the {plan.strategy} strategy's checkpoints are sharded "
-            "folders, which are not committed to a store yet; give a local or shared folder as save_dir, or "
-            "train with `parallel.scenario: ddp` (one checkpoint file, committed to the store)"
-        )
 
 
 def reserve_version(root: Path, first: int) -> int | None:

@@ -20,10 +20,9 @@ import pytest
 import torch
 from storage_server import FAKE_KEY_ID, FAKE_SECRET, s3_server
 
-from helpers import CPU_DDP, FAST, REPO, cli_env, every_10_steps, free_port, run_cli
+from helpers import CPU_DDP, FAST, cli_env, every_10_steps, free_port, run_cli
 
 TORCHRUN = ("-m", "torch.distributed.run")
-CPU_FSDP = str(REPO / "configs" / "parallel" / "cpu_fsdp.yaml")
 STEPS = every_10_steps()
 SHORT = ["--config", FAST, "--trainer.max_epochs", "3", "--trainer.limit_val_batches", "2", "--test_after_fit", "false"]
 ONE = ["fit", "--config", STEPS, *SHORT, "--trainer.max_steps", "40"]
@@ -176,13 +175,68 @@ def test_a_second_training_of_the_run_is_refused_while_its_lease_is_held(s3, tmp
     assert not fs.exists(f"{run}/.training.lease")  # given back at the end
 
 
-def test_sharded_checkpoints_in_a_store_are_refused_before_anything_is_built(s3, tmp_path):
-    args = ["fit", "--config", STEPS, *SHORT, "--config", CPU_FSDP, *at("s3://runs/fsdp")]
-    refused = run_cli(args, tmp_path, env=s3.env)
-    assert refused.returncode == 2, refused.stderr[-3000:]
-    (line,) = {line for line in refused.stderr.splitlines() if line.startswith("error:")}
-    assert "save_dir s3://runs/fsdp is object storage" in line and "sharded folders" in line
-    assert s3.fs().find("runs/fsdp") == []
+FSDP = ["--parallel.scenario", "fsdp", "--parallel.backend", "gloo", "--parallel.timeout_s", "120"]
+TWO_FSDP = ["fit", "--config", STEPS, *SHORT, *FSDP, "--trainer.max_steps", "25"]
+
+
+def consolidated(s3, url: str, out: Path) -> dict:
+    """A sharded checkpoint of the store merged into one file by ``consolidate URL`` (what a user runs)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "project", "consolidate", url, "--out", str(out)],
+        cwd=out.parent,
+        env=cli_env(s3.env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(out, weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_fsdp(s3, tmp_path_factory) -> dict:
+    """The 2-node fsdp command left alone, its last checkpoint consolidated from the store."""
+    nodes = [tmp_path_factory.mktemp("fsdp_node0"), tmp_path_factory.mktemp("fsdp_node1")]
+    results = two_nodes([*TWO_FSDP, *ONE_EACH, *at("s3://runs/fsdp-reference")], nodes, s3.env)
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    url = "s3://runs/fsdp-reference/digits/version_0/checkpoints/last.ckpt"
+    return consolidated(s3, url, tmp_path_factory.mktemp("fsdp_out") / "last.ckpt")
+
+
+def test_fsdp_on_two_nodes_killed_between_shard_uploads_and_commit_resumes_from_the_store(
+    s3, tmp_path, uninterrupted_fsdp
+):
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for node in nodes:
+        node.mkdir()
+    args = [*TWO_FSDP, *ONE_EACH, *at("s3://runs/fsdp")]
+    # Rank 1 dies once its shards of the save of step 15 or later are up: rank 0 has not committed that save.
+    killed = two_nodes([*args, callback("storage_faults.KillAfterOwnShards", step=15, rank=1)], nodes, s3.env)
+    assert killed[0].returncode != 0 and killed[1].returncode != 0
+    run, fs = "runs/fsdp/digits/version_0", s3.fs()
+    commit = json.loads(fs.cat_file(f"{run}/checkpoints/last.ckpt.commit"))
+    assert {"meta.pt", ".metadata", "__0_0.distcp", "__1_0.distcp"} <= set(commit["files"])  # both ranks' shards
+    named = {record.split("/")[1] for record in committed_data(fs, run)}
+    orphans = [
+        token for token in fs.ls(f"{run}/checkpoints/.data", detail=False) if token.rsplit("/", 1)[1] not in named
+    ]
+    assert any(fs.find(token) for token in orphans)  # the killed save's shards are up, and no commit names them
+    wipe(*nodes)
+    resumed = two_nodes([*args, "--resume", "auto"], nodes, s3.env)
+    for result in resumed:
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert "Resuming from" in resumed[0].stderr and "step 10" in resumed[0].stderr, resumed[0].stderr[-3000:]
+    got = consolidated(s3, f"s3://{run}/checkpoints/last.ckpt", tmp_path / "last.ckpt")
+    assert_close_weights(got, uninterrupted_fsdp, atol=1e-6)
+    assert not fs.exists(f"{run}/checkpoints/.data/{orphans[0].rsplit('/', 1)[1]}")  # cleaned by the lease holder
+    assert not list((nodes[1] / ".scratch").rglob("*.tmp"))  # node 1's copy of each committed save dropped
+
+
+def committed_data(fs, run: str) -> list[str]:
+    """The data paths (``.data/<token>/<name>``) the run's commit objects name."""
+    commits = [path for path in fs.ls(f"{run}/checkpoints", detail=False) if path.endswith(".commit")]
+    return [json.loads(fs.cat_file(path))["data"] for path in commits]
 
 
 def test_a_run_refused_before_its_first_step_leaves_nothing_in_the_store(s3, tmp_path):
