@@ -37,6 +37,9 @@ SAME = [
 ]  # fmt: skip
 RUN = Path("logs/digits/version_0")
 LOST_LINE = "elastic: lost node 1 (ranks 2-3) at step"
+# torchrun's rendezvous waits this long for more nodes once it has its minimum (30 s by default): after a loss, and
+# at the start of a 2:3 job. docs/launching.md names the option; nothing checked here depends on its length.
+LAST_CALL_S = 5
 
 
 def callback(class_path: str, **init_args) -> str:
@@ -48,6 +51,7 @@ def start_node(cwd: Path, nnodes: str, port: int, args: list[str]) -> subprocess
     """One agent with 2 workers, in a session of its own (its process group is the node); the documented command."""
     command = [*TORCHRUN, "--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-backend", "c10d"]
     command += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "elastic", "--max-restarts", "3"]
+    command += ["--rdzv-conf", f"last_call_timeout={LAST_CALL_S}"]
     command += ["-m", "project", "fit", *args, "--resume", "auto"]
     env = cli_env({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     return subprocess.Popen(
@@ -141,7 +145,8 @@ def test_ddp_loses_a_node_goes_on_at_two_grows_back_to_four_and_ends_as_an_unint
     assert "logs/digits/version_0/checkpoints/last.ckpt, so no step is redone" in lost, lost
     shrink, grow = membership["changes"]
     assert (shrink["old_world_size"], shrink["new_world_size"], shrink["step"], shrink["steps_redone"]) == (4, 2, 10, 0)
-    assert shrink["seconds_to_first_step"] < 90, shrink
+    # docs/launching.md: under 90 s with the default 30 s last call; the same bound less the last call saved here.
+    assert shrink["seconds_to_first_step"] < 90 - (30 - LAST_CALL_S), shrink
     assert (grow["old_world_size"], grow["new_world_size"], grow["steps_redone"]) == (2, 4, 0)
     assert run_dirs(tmp_path) == [tmp_path / RUN]  # one run, not version_1 beside it
     plan = json.loads((tmp_path / RUN / "plan.json").read_text())
