@@ -133,7 +133,7 @@ class ProjectCLI(LightningCLI):
         if self.row.builds_trainer:
             refuse_stray_rank(environment)
         if self.row.takes_checkpoint:
-            use_store(config.trainer, self.command, config.ckpt_path, config.get("resume"))  # save_dir a URL
+            use_store(config)  # save_dir a URL: its scratch cache; storage_options read, then redacted
             run = run_of_config(config.get("config") or [])
             self.chosen = choose_checkpoint(self.command, config.ckpt_path, config.get("resume"), config.trainer, run)
         parallel = config.get("parallel")

@@ -183,6 +183,13 @@ def add_run_options(parser: LightningArgumentParser, command: str) -> None:
     """The run options, as ``command``'s row says: ``--ckpt_path``, ``--resume`` (trains), ``--test_after_fit``."""
     row = COMMANDS[command]
     parser.add_argument(
+        "--storage_options",
+        type=dict[str, Any] | None,
+        default=None,
+        help="fsspec options of a URL save_dir or --ckpt_path (endpoint_url, anon, client_kwargs, ...); "
+        "credentials given here are used and never written into any record (docs/checkpoints.md).",
+    )
+    parser.add_argument(
         "--ckpt_path",
         type=str | None,
         default=None,

@@ -15,6 +15,11 @@ SCRATCH_ENV = "PROJECT_SCRATCH_DIR"
 _DEFAULT_SCRATCH = ".scratch"
 # The store this process's run uses, once a URL run directory was seen (one run per process).
 _ACTIVE: Store | None = None
+# The config's ``storage_options`` (fsspec's keyword arguments), for every store this process opens.
+_OPTIONS: dict[str, Any] = {}
+#: Words of option names whose values are credentials: used, never written into a record.
+SECRET_WORDS = ("key", "secret", "token", "password", "credential", "sas", "connection_string", "session")
+REDACTED = "<redacted>"
 
 
 def is_url(path: Any) -> bool:
@@ -61,7 +66,7 @@ def scratch_for(url: str) -> Path:
 
 
 def open_store(url: str) -> Store:
-    """The store of ``url``; its endpoint and credentials come from the environment, never from a record.
+    """The store of ``url``; its endpoint and credentials come from the environment or ``storage_options``.
 
     Raises:
         UserError: the URL's scheme has no file system installed (``pip install -e .[storage]`` for s3://).
@@ -70,13 +75,35 @@ def open_store(url: str) -> Store:
 
     try:
         # A fresh instance: fsspec caches one per argument list, and the endpoint comes from the environment.
-        fs, root = fsspec.core.url_to_fs(url.rstrip("/"), use_listings_cache=False, skip_instance_cache=True)
-    except (ImportError, ValueError) as error:
+        fs, root = fsspec.core.url_to_fs(
+            url.rstrip("/"), **{**_OPTIONS, "use_listings_cache": False, "skip_instance_cache": True}
+        )
+    except (ImportError, ValueError, TypeError) as error:  # TypeError: an option the file system does not take
         raise UserError(
-            f"save_dir {url!r} is a URL whose store cannot be opened ({error}); install its file system "
-            "(`pip install -e .[storage]` for s3://, gcsfs for gs://, adlfs for az://) or give a local folder"
+            f"{url!r} is a URL whose store cannot be opened ({error}); install its file system (`pip install -e "
+            ".[storage]` for s3://, gcsfs for gs://, adlfs for az://) and check storage_options, or give a local path"
         ) from None
     return Store(url.rstrip("/"), scratch_for(url), fs, root.rstrip("/"))
+
+
+def configure(options: dict[str, Any]) -> None:
+    """Open every store of this process with the config's ``storage_options`` (endpoint_url, anon, ...)."""
+    global _ACTIVE
+    _OPTIONS.clear()
+    _OPTIONS.update(options)
+    _ACTIVE = None  # a store opened before is opened again with them
+
+
+def redacted(options: Any) -> Any:
+    """``options`` with every credential's value (a key naming a key, secret, token, ...) replaced: for records."""
+    if isinstance(options, dict):
+        return {
+            name: REDACTED if any(word in str(name).lower() for word in SECRET_WORDS) else redacted(value)
+            for name, value in options.items()
+        }
+    if isinstance(options, list):
+        return [redacted(value) for value in options]
+    return options
 
 
 def attach(url: str) -> Store:
@@ -96,6 +123,7 @@ def detach() -> None:
     """Forget this process's store (a forked test server runs one command per child, but tests call in-process)."""
     global _ACTIVE
     _ACTIVE = None
+    _OPTIONS.clear()
 
 
 def of(local: str | os.PathLike[str] | None) -> tuple[Store, str] | None:

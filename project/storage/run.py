@@ -26,8 +26,17 @@ from project.storage.pull import pull
 VERSION_NAME = ".version"
 
 
-def use_store(trainer: Any, command: str, ckpt_path: str | None, resume: str | None) -> location.Store | None:
-    """Point the first logger's URL ``save_dir`` at this node's scratch cache; pull what a resume reads."""
+def use_store(config: Any) -> location.Store | None:
+    """Point the first logger's URL ``save_dir`` at this node's scratch cache; pull what a resume reads.
+
+    ``config`` is the command's parsed config: its ``storage_options`` are kept for every store this process
+    opens, then their credentials are replaced in ``config`` (whose ``config.yaml`` is written later).
+    """
+    options = config.get("storage_options")
+    if isinstance(options, dict):
+        location.configure(options)
+        config.storage_options = location.redacted(options)
+    trainer = config.get("trainer")
     logger = trainer.get("logger") if trainer is not None else None
     if isinstance(logger, list):
         logger = logger[0] if logger else None
@@ -37,7 +46,7 @@ def use_store(trainer: Any, command: str, ckpt_path: str | None, resume: str | N
         return None
     store = location.attach(url)
     args.save_dir = os.fspath(store.scratch)
-    if resume == "auto" or ckpt_path == "last":
+    if config.get("resume") == "auto" or config.get("ckpt_path") == "last":
         version = args.get("version")
         version = f"version_{version}" if isinstance(version, int) else version
         pull(store, store.scratch / (args.get("name") or ""), version)

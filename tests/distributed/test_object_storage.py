@@ -239,6 +239,21 @@ def committed_data(fs, run: str) -> list[str]:
     return [json.loads(fs.cat_file(path))["data"] for path in commits]
 
 
+def test_storage_options_open_the_store_and_no_record_holds_their_credentials(s3, tmp_path):
+    # The environment points at no store (a closed port, other keys): only the config's options reach moto.
+    env = {**s3.env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    options = {"endpoint_url": s3.endpoint, "key": FAKE_KEY_ID, "secret": FAKE_SECRET}
+    args = ["fit", "--config", STEPS, *SHORT, "--trainer.max_steps", "10", *at("s3://runs/options")]
+    result = run_cli([*args, "--storage_options", json.dumps(options)], tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = "runs/options/digits/version_0"
+    assert store_checkpoint(s3, run)["global_step"] == 10
+    config = s3.fs().cat_file(f"{run}/config.yaml").decode()
+    assert "key: <redacted>" in config and "secret: <redacted>" in config and s3.endpoint in config
+    assert FAKE_SECRET not in result.stdout + result.stderr
+    assert_no_credentials(s3, tmp_path)
+
+
 def test_a_run_refused_before_its_first_step_leaves_nothing_in_the_store(s3, tmp_path):
     args = ["fit", "--config", STEPS, *SHORT, "--data.init_args.batch_size", "100000", *at("s3://runs/refused")]
     refused = run_cli(args, tmp_path, env=s3.env)
