@@ -24,17 +24,19 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 LANES = ("unit", "cli", "distributed", "slow", "conformance")
-#: Whole files of the slow lane, with what makes them long (seconds: one file alone on 2 quiet cores, 2026-12-05).
+#: Whole files of the slow lane, with what makes them long (seconds: the clean-clone `make test` of 2026-12-05 02:43,
+#: before the file moved here).
 SLOW_FILES = {
-    # two torchrun agents lose a node and get it back, ddp and fsdp; a loss the job cannot survive (~200 s)
+    # two torchrun agents lose a node and get it back, ddp and fsdp; a loss the job cannot survive (300 s, run alone)
     "distributed/test_elastic.py",
-    # a real one-node SLURM: an sbatch job of two tasks, a job signalled, requeued and resumed (~130 s)
+    # a real one-node SLURM: an sbatch job of two tasks, a job signalled, requeued and resumed (134 s, run alone)
     "distributed/test_slurm.py",
-    # a moto S3 server and two torchrun nodes without a shared disk, killed, wiped and resumed from the store
+    # a moto S3 server, two torchrun nodes without a shared disk, killed, wiped and resumed from the store (over 100 s)
     "distributed/test_object_storage.py",
-    # sweeps whose trials are 2-process runs: a driver killed by SIGKILL, the study continued, pruning both ranks
+    # sweeps whose trials are 2-process runs: a driver killed by SIGKILL, the study continued, pruning both ranks (84 s
+    # for its study alone)
     "distributed/test_sweep_processes.py",
-    # four stalled 2-process fits and the hang drill, each waiting out its collective timeout
+    # four stalled 2-process fits and the hang drill, each waiting out its collective timeout (66 s)
     "distributed/test_hang.py",
 }
 
