@@ -46,7 +46,7 @@ class Pipeline:
 def make_schedule(
     submodule: nn.Module, where: Pipeline, schedule: str, microbatches: int, loss: Callable[[Tensor, Tensor], Tensor]
 ) -> Any:
-    """The training schedule over this rank's stage (``submodule``: the cut network, DDP-wrapped or not)."""
+    """The training schedule over this rank's stage (``submodule``: the cut network)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     stage = PipelineStage(submodule, where.stage, where.stages, where.device, group=where.group)
@@ -76,6 +76,26 @@ def _from_last(where: Pipeline, value: Tensor | None) -> Tensor:
         value = torch.empty(shape, dtype=dtype, device=where.device)
     dist.broadcast(value, src=where.ranks[-1], group=where.group)
     return value
+
+
+def average_gradients(parameters: list[Tensor], group: Any, replicas: int) -> None:
+    """The mean of each gradient over a stage's data-parallel replicas: one all-reduce of them all, flattened.
+
+    DDP is not used: under GPipe (every forward, then every backward) torch 2.13's reducer asserts at the second
+    step ("rebuilt parameter indices size is not same as original model parameters size": its bucket rebuild
+    counts each micro-batch's gradient hook). One all-reduce after the schedule gives the same mean, not
+    overlapped with the backward.
+    """
+    grads = [parameter.grad for parameter in parameters if parameter.grad is not None]
+    if replicas == 1 or not grads:
+        return
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= replicas
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
 
 
 class PipelineForward(nn.Module):

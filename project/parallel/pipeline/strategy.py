@@ -1,6 +1,7 @@
 """``PipelineStrategy``: the network cut into stages, Lightning's training step a pipelining schedule.
 
-Each stage runs on one rank of each pipeline and is replicated with DDP over its data-parallel group.
+Each stage runs on one rank of each pipeline; its replicas over its data-parallel group average their gradients
+after the schedule (one all-reduce, as DDP's mean: :func:`~project.parallel.pipeline.schedule.average_gradients`).
 
 Lightning's loop keeps its shape: ``training_step`` is the schedule (forward and backward of every micro-batch; the
 module's own ``training_step`` is not called), ``backward`` does nothing (the schedule did it), the optimizer step,
@@ -21,7 +22,6 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
-from torch.nn.parallel import DistributedDataParallel
 
 from project.errors import UserError
 from project.parallel.fsdp_sharding import broadcast_from_rank0
@@ -32,7 +32,13 @@ from project.parallel.pipeline.checkpoint import (
     whole_state_dict,
 )
 from project.parallel.pipeline.contract import check_contract, split_batch
-from project.parallel.pipeline.schedule import Pipeline, PipelineForward, make_schedule, train_step
+from project.parallel.pipeline.schedule import (
+    Pipeline,
+    PipelineForward,
+    average_gradients,
+    make_schedule,
+    train_step,
+)
 from project.parallel.pipeline.split import cut_stage, keep_stage_parameters
 from project.plan.layout import Layout
 from project.plan.pipeline_plan import StagePlan, plan_stages
@@ -102,7 +108,7 @@ class PipelineStrategy(DDPStrategy):
                 self._dp_group = group
 
     def setup(self, trainer: L.Trainer) -> None:
-        """Cut this rank's stage from the whole module; for fit, its optimizers, DDP replica and schedule."""
+        """Cut this rank's stage from the whole module; for fit, its optimizers and schedule."""
         assert self.accelerator is not None and self.lightning_module is not None and self._where is not None
         self.accelerator.setup(trainer)
         module = self.lightning_module
@@ -119,9 +125,7 @@ class PipelineStrategy(DDPStrategy):
         cut_stage(net, self.stages, self._where.stage)
         if fitting:
             keep_stage_parameters(self.optimizers, module)
-            replicas = self.layout.dp_size > 1
-            stage = DistributedDataParallel(net, process_group=self._dp_group) if replicas else net
-            self._schedule = make_schedule(stage, self._where, self.schedule, self.microbatches, module.pipeline_loss)
+            self._schedule = make_schedule(net, self._where, self.schedule, self.microbatches, module.pipeline_loss)
         self._forward = PipelineForward(net, self._where)
         self.setup_precision_plugin()
 
@@ -139,6 +143,7 @@ class PipelineStrategy(DDPStrategy):
             parameter.grad = None
         with self.precision_plugin.train_step_context():
             loss = train_step(self._schedule, self._where, x, y)
+        average_gradients(parameters, self._dp_group, self.layout.dp_size)
         # Lightning's closure zeroes the gradients between the training step and the backward: keep them aside.
         self._grads = [(parameter, parameter.grad) for parameter in parameters]
         for parameter in parameters:
@@ -146,7 +151,7 @@ class PipelineStrategy(DDPStrategy):
         return loss
 
     def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
-        """The schedule's gradients given back: it ran every micro-batch's backward (and DDP's all-reduce)."""
+        """The schedule's gradients given back: it ran every micro-batch's backward (and the replicas' all-reduce)."""
         for parameter, grad in self._grads:
             parameter.grad = grad
         self._grads = []
@@ -219,7 +224,7 @@ def build(args: dict[str, Any], backend: str | None, layout: Layout) -> Pipeline
     if args.get("data_parallel", "ddp") != "ddp":
         raise UserError(
             f"parallel.pipeline_parallel with data parallelism {args['data_parallel']!r}: stages are replicated "
-            "with DDP only; use scenario 'ddp' or 'cpu' beside parallel.pipeline_parallel"
+            "(gradients averaged) only; use scenario 'ddp' or 'cpu' beside parallel.pipeline_parallel"
         )
     return PipelineStrategy(
         layout,
