@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from project.parallel.collectives import in_process_group
-from project.parallel.fsdp_sharding import sharded_finite
+from project.parallel.fsdp.sharding import sharded_finite
 from project.parallel.strategies import row_of
 
 

@@ -31,7 +31,7 @@ from torch import Tensor
 from project.callbacks.finite import all_finite, gather_ranks, weights_finite
 from project.checkpoints import pending
 from project.errors import RunFailure, UserError
-from project.parallel.fsdp_sharding import sharded_finite
+from project.parallel.fsdp.sharding import sharded_finite
 from project.parallel.strategies import row_of
 
 ACTIONS = ("stop", "skip")

@@ -133,10 +133,10 @@ STRATEGIES: dict[str, StrategyRow] = {
     "ddp": StrategyRow(args=ddp_args, build=_DDP),
     # DDP whose ranks are forked from this process (Lightning's ddp_notebook): what Jupyter needs.
     "ddp_fork": StrategyRow(args=lambda config, start_method: ddp_args(config, "fork"), build=_DDP),
-    # FSDP2 (fully_shard) applied by the template to any LightningModule: project/parallel/fsdp.py.
+    # FSDP2 (fully_shard) applied by the template to any LightningModule: project/parallel/fsdp/strategy.py.
     "fsdp": StrategyRow(
         args=_fsdp_args,
-        build="project.parallel.fsdp:build",
+        build="project.parallel.fsdp.strategy:build",
         shards_parameters=True,
         shards_optimizer_state=True,
         checkpoint="sharded",
@@ -147,7 +147,7 @@ STRATEGIES: dict[str, StrategyRow] = {
     # column- or row-wise into DTensor shards; the data is the same on every rank.
     "tensor_parallel": StrategyRow(
         args=_tensor_parallel_args,
-        build="project.parallel.fsdp:build_tensor_parallel",
+        build="project.parallel.fsdp.strategy:build_tensor_parallel",
         shards_parameters=True,
         checkpoint="sharded",
         grads_are_dtensors=True,

@@ -33,7 +33,7 @@ from project.consolidate import consolidate
 from project.errors import UserError
 from project.models.classifier import Classifier
 from project.models.digits_net import DigitsNet
-from project.parallel.fsdp_units import default_wrap_classes, plan_units, resolve_wrap_classes, sharded_roots
+from project.parallel.fsdp.units import default_wrap_classes, plan_units, resolve_wrap_classes, sharded_roots
 from project.plan.environment import LaunchEnvironment
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from project.parallel.fsdp_sharding import fsdp_modules
+from project.parallel.fsdp.sharding import fsdp_modules
 from project.plan.strategies import RESHARD_AFTER_FORWARD
 
 if TYPE_CHECKING:

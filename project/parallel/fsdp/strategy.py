@@ -8,9 +8,9 @@ pickle policy (:mod:`project.checkpoints.sharded`), written in the background un
 false (:mod:`project.checkpoints.sharded_async`); every rank starts from rank 0's weights, as under DDP;
 gradient accumulation reduces on the last micro-batch only; an evaluation whose exactly-once shards give the
 ranks different numbers of batches runs on parameters gathered once (FSDP's per-forward gathers would hang).
-What is sharded, and which modules are units, is :mod:`project.parallel.fsdp_units`; applying it,
-:mod:`project.parallel.fsdp_sharding`; the evaluation on uneven shards, :mod:`project.parallel.fsdp_evaluation`;
-saving and loading, :mod:`project.parallel.fsdp_checkpoints`.
+What is sharded, and which modules are units, is :mod:`project.parallel.fsdp.units`; applying it,
+:mod:`project.parallel.fsdp.sharding`; the evaluation on uneven shards, :mod:`project.parallel.fsdp.evaluation`;
+saving and loading, :mod:`project.parallel.fsdp.checkpoints`.
 
 Sharding, in the words of FSDP1 / DeepSpeed:
 
@@ -37,16 +37,16 @@ from torch import nn
 
 from project.checkpoints.sharded_async import AsyncShardedWriter
 from project.lightning_private import set_mesh_sizes, strategy_timeout
-from project.parallel.fsdp_checkpoints import ShardedCheckpoints
-from project.parallel.fsdp_evaluation import evaluation_batches, gather_if_uneven, reshard_after_evaluation
-from project.parallel.fsdp_sharding import (
+from project.parallel.fsdp.checkpoints import ShardedCheckpoints
+from project.parallel.fsdp.evaluation import evaluation_batches, gather_if_uneven, reshard_after_evaluation
+from project.parallel.fsdp.sharding import (
     broadcast_from_rank0,
     fsdp_modules,
     is_sharded,
     point_optimizers_at,
     shard_module,
 )
-from project.parallel.fsdp_units import resolve_wrap_classes
+from project.parallel.fsdp.units import resolve_wrap_classes
 from project.parallel.tensor_parallel import apply_tensor_parallel
 from project.plan.layout import Layout
 from project.plan.tensor_plan import resolve_tensor_plan
@@ -170,7 +170,7 @@ class FullyShardStrategy(ShardedCheckpoints, ModelParallelStrategy):
             for unit in units:
                 unit.set_requires_gradient_sync(True, recurse=False)
 
-    # Evaluation on shards of uneven length: parameters gathered once (project.parallel.fsdp_evaluation).
+    # Evaluation on shards of uneven length: parameters gathered once (project.parallel.fsdp.evaluation).
 
     def _gather_if_uneven(self) -> None:
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None

@@ -1,6 +1,6 @@
 """Sharding a LightningModule's networks in place with ``fully_shard``, and the collectives around sharded tensors.
 
-The networks are sharded bottom-up (each unit of :mod:`project.parallel.fsdp_units`, then each network) after
+The networks are sharded bottom-up (each unit of :mod:`project.parallel.fsdp.units`, then each network) after
 every rank took rank 0's weights, as DDP does when it wraps; :func:`sharded_finite` gives every rank the same
 verdict on tensors each rank holds a shard of.
 """
@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from project.parallel.collectives import in_process_group, process_group_size
-from project.parallel.fsdp_units import has_parameters, sharded_roots
+from project.parallel.fsdp.units import has_parameters, sharded_roots
 from project.plan.strategies import RESHARD_AFTER_FORWARD
 
 if TYPE_CHECKING:

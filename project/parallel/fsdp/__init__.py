@@ -1,0 +1,2 @@
+"""FSDP2 (``fully_shard``) applied to any LightningModule: the strategy, its units, sharding, evaluation and
+checkpoints, one module each."""
