@@ -57,18 +57,27 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     names = ["one", "one32", "tp", "tp32", "ddp"]
     extras = [F64, [], [*LAYOUTS["tp"], *F64], LAYOUTS["tp"], [*LAYOUTS["ddp"], *F64]]
     done = two_at_a_time(*(partial(fit, root / name, *extra) for name, extra in zip(names, extras)))
-    found = dict(zip(names, done))
-    found["2d"] = fit(root / "2d", *LAYOUTS["2d"], *F64)
-    return found
+    return dict(zip(names, done))
+
+
+@pytest.fixture(scope="module")
+def two_d(tmp_path_factory) -> dict[str, Path]:
+    """The 4-process FSDP x TP fit and its one-process reference: fixtures of their own, so that the everyday lane
+    (``-m "not slow"``) runs no 4-process fit and the slow lane none of the other layouts."""
+    root = tmp_path_factory.mktemp("gpt_2d")
+    one, two_d = two_at_a_time(partial(fit, root / "one", *F64), partial(fit, root / "2d", *LAYOUTS["2d"], *F64))
+    return {"one": one, "2d": two_d}
 
 
 @pytest.mark.parametrize("layout", ["tp", "ddp", pytest.param("2d", marks=pytest.mark.slow)])
-def test_each_layout_ends_at_the_weights_of_one_process_in_float64(runs, layout):
-    one, other = weights(runs["one"]), weights(runs[layout])
+def test_each_layout_ends_at_the_weights_of_one_process_in_float64(layout, request):
+    found = request.getfixturevalue("two_d" if layout == "2d" else "runs")
+    run = found[layout]
+    one, other = weights(found["one"]), weights(run)
     assert one.keys() == other.keys() and one["lm_head.weight"].dtype == torch.float64
     worst = max(((other[k] - one[k]).abs().max() / one[k].abs().max()).item() for k in one)
     assert worst < 1e-9, worst
-    degrees = read_plan(runs[layout])["degrees"]
+    degrees = read_plan(run)["degrees"]
     assert (degrees["dp_replicate"] * degrees["dp_shard"], degrees["tp"]) == {
         "tp": (1, 2),
         "ddp": (2, 1),
