@@ -126,6 +126,12 @@ def detach() -> None:
     _OPTIONS.clear()
 
 
+def shown(local: str | os.PathLike[str]) -> str:
+    """How a run directory is named to the user: a store's ``URL (cache: scratch path)``, else the path itself."""
+    located = of(local)
+    return f"{located[0].url_of(located[1])} (cache: {os.fspath(local)})" if located is not None else os.fspath(local)
+
+
 def of(local: str | os.PathLike[str] | None) -> tuple[Store, str] | None:
     """The active store and the store path of ``local``, when ``local`` is in its scratch cache."""
     store = _ACTIVE
