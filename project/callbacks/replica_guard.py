@@ -74,6 +74,8 @@ class ReplicaGuard(L.Callback):
         if self.plan is None:  # a strategy given as trainer.strategy: its layout is unknown when it shards
             return ReplicaRows(rows=world if sharded else 1, world=world)
         layout = self.plan.layout
+        if layout.pp > 1:  # each stage holds other tensors: its replicas would need an all-reduce of their own
+            return ReplicaRows(rows=world, world=world)
         return ReplicaRows.of(world, layout.dp_shard, layout.tp, sharded)
 
     def check(self, trainer: L.Trainer, when: str) -> None:

@@ -61,7 +61,11 @@ class TrainableSetCallback(L.Callback):
         if self._module is None or self._trainer is None:
             return {}
         groups = _group_names(self._module, self._trainer.optimizers)
-        return {"trainable": trainable_names(self._module), "param_groups": groups}
+        trainable = trainable_names(self._module)
+        whole = getattr(self._trainer.strategy, "whole_training_set", None)
+        if whole is not None:  # a pipeline stage holds part of the model: the checkpoint holds the whole one's
+            trainable, groups = whole(trainable)
+        return {"trainable": trainable, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Put the saved trainable set back (read after ``setup``, where a fine-tuning callback froze it again)."""
@@ -94,6 +98,9 @@ class TrainableSetCallback(L.Callback):
         if self._saved is None:
             return
         saved, now = self._saved["param_groups"], _group_names(pl_module, trainer.optimizers)
+        whole = getattr(trainer.strategy, "whole_training_set", None)
+        if whole is not None:  # a pipeline: its optimizers' groups before the cut (no collective: the names only)
+            now = trainer.strategy.whole_parameter_groups
         if saved != now:
             raise UserError(
                 f"the optimizers' parameter groups differ from the checkpoint's: it has {_describe_groups(saved)}, "

@@ -26,7 +26,7 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-def _gather(where: Pipeline, value: Any) -> list[Any]:
+def gather_over(where: Pipeline, value: Any) -> list[Any]:
     """``value`` of each stage of this rank's pipeline, in stage order."""
     gathered: list[Any] = [None] * where.stages
     dist.all_gather_object(gathered, value, group=where.group)
@@ -36,7 +36,7 @@ def _gather(where: Pipeline, value: Any) -> list[Any]:
 def whole_state_dict(module: nn.Module, where: Pipeline) -> dict[str, Any]:
     """The whole model's state dict (CPU tensors), from every stage's part."""
     merged: dict[str, Any] = {}
-    for part in _gather(where, _to_cpu(module.state_dict())):
+    for part in gather_over(where, _to_cpu(module.state_dict())):
         merged.update(part)
     return merged
 
@@ -59,7 +59,7 @@ def whole_optimizer_state(optimizer: Any, module: nn.Module, whole: list[list[st
     state = optimizer.state_dict()
     mine = [name for names in group_names(optimizer, module) for name in names]
     by_name: dict[str, Any] = {}
-    for part in _gather(where, {mine[index]: _to_cpu(value) for index, value in state["state"].items()}):
+    for part in gather_over(where, {mine[index]: _to_cpu(value) for index, value in state["state"].items()}):
         by_name.update(part)
     index_of = {name: index for index, name in enumerate(name for names in whole for name in names)}
     groups, start = [], 0

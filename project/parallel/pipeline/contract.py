@@ -51,3 +51,20 @@ def split_batch(batch: Any, kind: str) -> tuple[Tensor, Tensor]:
         f"parallel.pipeline_parallel: {kind}'s training batches are {type(batch).__name__}, not (input, target) "
         "tensors; return (input, target) pairs from the training loader"
     )
+
+
+def refuse_loop_features(trainer: Any, stages: int) -> None:
+    """What Lightning's loop would do wrong around a schedule: accumulation, clipping, manual optimization."""
+    size = f"parallel.pipeline_parallel.size={stages}"
+    if trainer.accumulate_grad_batches != 1:
+        raise UserError(
+            f"{size} with gradient accumulation {trainer.accumulate_grad_batches}: the schedule's micro-batches "
+            "are the accumulation; set parallel.pipeline_parallel.microbatches instead and accumulation 1"
+        )
+    if trainer.gradient_clip_val:
+        raise UserError(
+            f"{size} with trainer.gradient_clip_val={trainer.gradient_clip_val}: each stage would clip its own "
+            "part of the norm; drop gradient clipping or set parallel.pipeline_parallel.size 1"
+        )
+    if not trainer.lightning_module.automatic_optimization:
+        raise UserError(f"{size}: manual optimization drives its own backward; use automatic optimization")

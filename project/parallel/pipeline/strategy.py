@@ -24,14 +24,15 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 from project.errors import UserError
-from project.parallel.fsdp_sharding import broadcast_from_rank0
+from project.parallel.fsdp.sharding import broadcast_from_rank0
 from project.parallel.pipeline.checkpoint import (
+    gather_over,
     group_names,
     stage_optimizer_state,
     whole_optimizer_state,
     whole_state_dict,
 )
-from project.parallel.pipeline.contract import check_contract, split_batch
+from project.parallel.pipeline.contract import check_contract, refuse_loop_features, split_batch
 from project.parallel.pipeline.schedule import (
     Pipeline,
     PipelineForward,
@@ -84,6 +85,7 @@ class PipelineStrategy(DDPStrategy):
         self._schedule: Any = None
         self._forward: PipelineForward | None = None
         self._whole_groups: list[list[list[str]]] = []
+        self._whole_names: list[str] = []
         self._grads: list[tuple[Tensor, Tensor | None]] = []
 
     def connect(self, model: L.LightningModule) -> None:
@@ -114,13 +116,14 @@ class PipelineStrategy(DDPStrategy):
         module = self.lightning_module
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting:
-            _refuse_loop_features(trainer, self.layout.pp)
+            refuse_loop_features(trainer, self.layout.pp)
         self.precision_plugin.convert_module(module)  # float64 (precision 64) before the cut
         self.model_to_device()
         broadcast_from_rank0(module, self.root_device)  # every stage starts from rank 0's whole model
         if fitting:  # the optimizers over the whole network first: one process's order of its parameters
             self.setup_optimizers(trainer)
             self._whole_groups = [group_names(optimizer, module) for optimizer in self.optimizers]
+        self._whole_names = [name for name, _ in module.named_parameters()]
         net = getattr(module, self._network)
         cut_stage(net, self.stages, self._where.stage)
         if fitting:
@@ -183,6 +186,20 @@ class PipelineStrategy(DDPStrategy):
         with self._through_stages():
             return super().predict_step(*args, **kwargs)
 
+    def whole_training_set(self, trainable: list[str]) -> tuple[list[str], list[list[list[str]]]]:
+        """The whole model's trainable names and its optimizers' parameter groups by name, as one process's.
+
+        ``trainable``: this stage's trainable names; the other stages' are gathered (a collective: every rank).
+        """
+        assert self._where is not None
+        found = {name for part in gather_over(self._where, trainable) for name in part}
+        return [name for name in self._whole_names if name in found], self._whole_groups
+
+    @property
+    def whole_parameter_groups(self) -> list[list[list[str]]]:
+        """The optimizers' parameter groups by name over the whole network, recorded before the cut."""
+        return self._whole_groups
+
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """The whole model's state dict (every stage's part), as one process's (:mod:`.checkpoint`)."""
         assert self.lightning_module is not None and self._where is not None
@@ -200,23 +217,6 @@ class PipelineStrategy(DDPStrategy):
         assert self.lightning_module is not None
         for optimizer, saved, whole in zip(self.optimizers, checkpoint["optimizer_states"], self._whole_groups):
             optimizer.load_state_dict(stage_optimizer_state(saved, optimizer, self.lightning_module, whole))
-
-
-def _refuse_loop_features(trainer: L.Trainer, stages: int) -> None:
-    """What Lightning's loop would do wrong around a schedule: accumulation, clipping, manual optimization."""
-    size = f"parallel.pipeline_parallel.size={stages}"
-    if trainer.accumulate_grad_batches != 1:
-        raise UserError(
-            f"{size} with gradient accumulation {trainer.accumulate_grad_batches}: the schedule's micro-batches "
-            "are the accumulation; set parallel.pipeline_parallel.microbatches instead and accumulation 1"
-        )
-    if trainer.gradient_clip_val:
-        raise UserError(
-            f"{size} with trainer.gradient_clip_val={trainer.gradient_clip_val}: each stage would clip its own "
-            "part of the norm; drop gradient clipping or set parallel.pipeline_parallel.size 1"
-        )
-    if not trainer.lightning_module.automatic_optimization:
-        raise UserError(f"{size}: manual optimization drives its own backward; use automatic optimization")
 
 
 def build(args: dict[str, Any], backend: str | None, layout: Layout) -> PipelineStrategy:
