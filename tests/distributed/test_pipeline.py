@@ -98,13 +98,15 @@ USER = [
 
 
 def test_a_user_module_that_names_its_boundary_trains_as_a_pipeline_like_one_process(tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "pp").mkdir()
     one, pp = two_at_a_time(
         partial(run_cli, ["fit", *USER], tmp_path / "one"), partial(run_cli, ["fit", *USER, *PP2], tmp_path / "pp")
     )
     for result in (one, pp):
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     weights = [
-        torch.load(run_dirs(tmp_path / name, "user")[-1] / "checkpoints" / "last.ckpt", weights_only=False)
+        torch.load(next((run_dirs(tmp_path / name, "user")[-1] / "checkpoints").glob("*.ckpt")), weights_only=False)
         for name in ("one", "pp")
     ]
     first, second = (w["state_dict"] for w in weights)
