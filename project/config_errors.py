@@ -37,21 +37,35 @@ class ProjectArgumentParser(LightningArgumentParser):
         exit_with(UserError(f"{detail[:600]} (see {prog} --help)"))
 
 
+# How jsonargparse says a section has no such option: in a config file (a section, a subsection) or on the command
+# line (a subsection's option, reported inside its section's "Parser key").
+_UNKNOWN = (
+    re.compile(r"Option '(?P<option>[^']+)' is not accepted"),
+    re.compile(r"Group '(?P<group>[^']+)' does not accept option '(?P<option>[^']+)'"),
+    re.compile(r"unrecognized arguments: --(?P<group>[\w.]+)\.(?P<option>\w+)[= ]"),
+)
+
+
 def _unknown_option(message: str, moved: Mapping[str, str]) -> str | None:
     """The gist of jsonargparse's page-long report on a nested class: "unknown option 'gpus' in parallel".
 
     An option that moved says where to: "parallel.sharding is now parallel.fsdp.sharding: write ...".
     """
-    option = re.search(r"Option '([^']+)' is not accepted", message)
-    if option is None:
-        return None
-    where = ".".join(re.findall(r'Parser key "([^"]+)"', message))
-    key = f"{where}.{option.group(1)}" if where else option.group(1)
+    found = next((m for pattern in _UNKNOWN if (m := pattern.search(message))), None)
+    keys = re.findall(r'Parser key "([^"]+)"', message[: found.start()]) if found else []
+    if found is None or (found.re is _UNKNOWN[2] and not keys):
+        return None  # a top-level unrecognized argument: the parser's own line says it
+    option = found.group("option")
+    where = ".".join([*keys, *([found.group("group")] if "group" in found.groupdict() else [])])
+    key = f"{where}.{option}" if where else option
     if key in moved:
         new = moved[key]
         in_file = " under ".join(f"`{part}:`" for part in reversed(new.split(".")))
         return f"{key} is now {new}: write --{new} on the command line, or {in_file} in a config file"
-    return f"unknown option '{option.group(1)}'" + (f" in {where}" if where else "")
+    # The name of another subsection's option: say where it is (parallel.ddp.sharding -> parallel.fsdp.sharding).
+    elsewhere = [new for old, new in moved.items() if old.rpartition(".")[2] == option and new != key]
+    said = f"unknown option '{option}'" + (f" in {where}" if where else "")
+    return f"{said}; it is {elsewhere[0]}" if elsewhere else said
 
 
 def _bad_choice(message: str) -> str | None:

@@ -218,6 +218,14 @@ CASES = {
         ("sweep", "--config", DIGITS, "--config", FAST, "--sweep", "{tmp}/old_space.yaml"),
         ("old_space.yaml", "does not take the sweep's keys", "parallel.async_save is now parallel.fsdp.async_save"),
     ),
+    "option-of-another-subsection-in-a-config-file": Case(
+        ("fit", *BASE, "--config", "{tmp}/wrong_subsection.yaml"),
+        ("unknown option 'sharding' in parallel.ddp; it is parallel.fsdp.sharding",),
+        absent=("is not ParallelConfig",),
+    ),
+    "unknown-subsection-option-on-the-command-line": Case(
+        ("fit", *BASE, "--parallel.fsdp.shards", "2"), ("unknown option 'shards' in parallel.fsdp",)
+    ),
 }
 # Config files for the cases above: a module that logs no val/acc; a net_attribute that does not exist.
 MODEL_ATTRIBUTE_YAML = """model:
@@ -261,6 +269,7 @@ def run_case(name: str, case: Case, template: Path, root: Path) -> dict:
     (cwd / "model_attribute.yaml").write_text(MODEL_ATTRIBUTE_YAML)
     (cwd / "typo.yaml").write_text("parameters:\n  optimizer.init_args.learning_rate: {type: float, low: 0.1, high: 1}")
     (cwd / "old_names.yaml").write_text("parallel:\n  scenario: cpu\n  broadcast_buffers: false\n")
+    (cwd / "wrong_subsection.yaml").write_text("parallel:\n  ddp:\n    sharding: full\n")
     (cwd / "old_space.yaml").write_text(
         "parameters:\n  parallel.async_save: {type: categorical, choices: [true, false]}"
     )
