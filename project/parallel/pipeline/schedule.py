@@ -109,6 +109,17 @@ class PipelineForward(nn.Module):
         object.__setattr__(self, "stage", stage)  # not a submodule: the module's state dict stays the stage's
         object.__setattr__(self, "where", where)
 
+    def __getattr__(self, name: str) -> Any:
+        """The network's own attributes (a GPT's ``vocab``, ``block_size``), which generation reads."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["stage"], name)
+
+    def parameters(self, recurse: bool = True) -> Any:
+        """This stage's parameters (where they live: their device and dtype)."""
+        return self.__dict__["stage"].parameters(recurse)
+
     def forward(self, x: Tensor) -> Tensor:
         """The whole network's output of ``x``, on every stage."""
         where = self.where
