@@ -47,6 +47,7 @@ def files(tmp_path_factory) -> dict[str, str]:
         "unknown": "parallel:\n  gpus: 2\n",
         "nested": f"config: {CPU_DDP}\n",
         "list": "- parallel\n",
+        "subsection": "parallel:\n  ddp:\n    find_unused_parameters: true\n",
     }
     for name, text in texts.items():
         (folder / f"{name}.yaml").write_text(text)
@@ -91,6 +92,10 @@ TABLE = {
     "quoted-number": (["fit", *D, *C, "--parallel.devices", "'2'"], None),
     "signed-number": (["fit", *D, *C, "--parallel.devices", "+2"], None),
     "value-missing": (["fit", *D, *C, "--parallel.devices"], None),
+    # A subsection's field decides no process count; an old flat name is the parser's to refuse.
+    "subsection-field-on-the-command-line": (["fit", *D, *C, "--parallel.ddp.find_unused_parameters", "true"], 2),
+    "subsection-in-a-file": (["fit", *D, *C, "--config", "{subsection}"], 2),
+    "old-flat-name": (["fit", *D, *C, "--parallel.broadcast_buffers", "false"], None),
 }
 # Rows whose answer is a count, which the real parser and plan must agree with.
 COUNTED = [name for name, (_, expected) in TABLE.items() if expected is not None]
