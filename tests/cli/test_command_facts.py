@@ -102,6 +102,7 @@ def test_check_runs_fit_writes_only_its_report_and_takes_no_checkpoint(tmp_path)
     assert refused.returncode != 0 and "--ckpt_path" in refused.stderr
 
 
+@pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")  # given on purpose, as cli.py does
 @pytest.mark.parametrize("name", [name for name, row in COMMANDS.items() if row.builds is not Builds.FILES])
 def test_each_commands_options_are_what_its_row_says(name, capsys):
     """``python -m project NAME --help``, in-process: the options a row's facts add, and only those."""
