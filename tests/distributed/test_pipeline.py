@@ -3,7 +3,8 @@
 12 AdamW steps of a tiny GPT (4 blocks, dropout 0) on the same global batch and seed: in float64
 (``--parallel.precision 64``) pp 2 on 2 processes (1f1b) and pp 2 x dp 2 on 4 (gpipe) end within 1e-9 of one
 process (relative to each tensor's largest value); in float32 pp 2's validation loss within 1e-4. A pp 2
-checkpoint of step 6 resumes as one process and as 2-process DDP and ends within 1e-9 of the straight run; a plain
+checkpoint of step 6 resumes as one process, as 2-process DDP and as pp 2 x dp 2, and ends within 1e-9 of the
+straight run; a plain
 user module that names its own stage boundary trains as a pipeline like one process; a bad split is one line.
 """
 
@@ -79,7 +80,9 @@ def test_the_pipeline_in_float32_reaches_the_validation_loss_of_one_process(runs
     assert abs(pp - one) / one < 1e-4, (pp, one)
 
 
-@pytest.mark.parametrize("layout", [[*F64], ["--config", CPU_DDP, *F64]], ids=["one_process", "ddp"])
+@pytest.mark.parametrize(
+    "layout", [[*F64], ["--config", CPU_DDP, *F64], [*PP2_DP2, *F64]], ids=["one_process", "ddp", "pp2_dp2"]
+)
 def test_a_pipeline_checkpoint_resumes_as_another_layout_and_ends_where_the_straight_run_ends(runs, tmp_path, layout):
     copy = tmp_path / "copy"
     shutil.copytree(runs["half"].parents[2], copy)  # cwd/logs/chargpt/version_0: a fresh copy per layout
