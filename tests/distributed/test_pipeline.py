@@ -4,8 +4,8 @@
 (``--parallel.precision 64``) pp 2 on 2 processes (1f1b) and pp 2 x dp 2 on 4 (gpipe) end within 1e-9 of one
 process (relative to each tensor's largest value); in float32 pp 2's validation loss within 1e-4. A pp 2
 checkpoint of step 6 resumes as one process, as 2-process DDP and as pp 2 x dp 2, and ends within 1e-9 of the
-straight run; a plain
-user module that names its own stage boundary trains as a pipeline like one process; a bad split is one line.
+straight run; a plain user module that names its own stage boundary trains as a pipeline like one process; a bad
+split is one line.
 """
 
 from __future__ import annotations
