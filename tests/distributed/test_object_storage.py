@@ -233,6 +233,21 @@ def test_fsdp_on_two_nodes_killed_between_shard_uploads_and_commit_resumes_from_
     assert not list((nodes[1] / ".scratch").rglob("*.tmp"))  # node 1's copy of each committed save dropped
 
 
+def test_a_sharded_checkpoints_url_validates_on_one_process_from_an_empty_folder(s3, tmp_path, uninterrupted_fsdp):
+    # Written by 2 fsdp processes on 2 "nodes", read by 1 plain process (another world size) that never saw the run.
+    url = "s3://runs/fsdp-reference/digits/version_0/checkpoints/last.ckpt"
+    args = ["validate", "--config", STEPS, "--config", FAST, "--trainer.limit_val_batches", "2"]
+    result = run_cli([*args, "--ckpt_path", url], tmp_path, env=s3.env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Loaded model weights from the checkpoint at .scratch/s3/runs/fsdp-reference/" in result.stderr
+    (acc,) = [float(line.split("│")[2]) for line in result.stdout.splitlines() if "val/acc" in line]
+    assert acc > 0.9  # the trained weights (an untrained network scores about 0.1)
+    refused = run_cli([*args, "--ckpt_path", url.replace("last.ckpt", "gone.ckpt")], tmp_path, env=s3.env)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert f"{url.replace('last.ckpt', 'gone.ckpt')} is not a committed checkpoint" in line
+
+
 def committed_data(fs, run: str) -> list[str]:
     """The data paths (``.data/<token>/<name>``) the run's commit objects name."""
     commits = [path for path in fs.ls(f"{run}/checkpoints", detail=False) if path.endswith(".commit")]
