@@ -1,7 +1,4 @@
-"""``python -m project plan``: the plan ``fit`` would resolve, printed, without training or writing anything.
-
-It calls no user hook that writes: never ``prepare_data`` (downloads), only ``setup`` and the loaders.
-"""
+"""``python -m project plan``: what ``fit`` would resolve, printed; no training, no write, no ``prepare_data``."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ from torch.utils.data import IterableDataset
 
 from project.callbacks.model_checks import refuse_manual_accumulation
 from project.errors import first_line
-from project.parallel.fsdp_units import plan_units
+from project.parallel.fsdp.units import plan_units
 from project.parallel.limits import (
     SETTINGS,
     Limit,
@@ -30,6 +27,7 @@ from project.plan.environment import detect_environment
 from project.plan.layout import LaunchMismatchError
 from project.plan.memory import estimate
 from project.plan.optimizer_count import tensor_bytes
+from project.plan.pipeline_plan import describe_stages
 from project.plan.resolve import Plan, resolve_plan
 from project.plan.tensor_plan import resolve_tensor_plan, split_parameter_names
 
@@ -189,7 +187,7 @@ def print_plan(cli: ProjectCLI) -> None:
     # What fit would refuse before starting, plan refuses alike (the plan of a run that cannot start misleads).
     refuse_manual_accumulation(cli.model, plan.accumulation, cli.state.section, plan)
     data = plan.to_dict()
-    data["strategy"].update(plan_units(plan.scenario, plan.strategy, cli.model, cli.state.section.fsdp.wrap_modules))
+    data["strategy"].update(plan_units(plan, cli.model, cli.state.section.fsdp.wrap_modules))
     styles = tensor_styles(cli, plan)
     if styles:
         data["strategy"]["tensor_parallel"] = {"size": plan.layout.tp, "modules": styles}
@@ -198,6 +196,8 @@ def print_plan(cli: ProjectCLI) -> None:
     if cli.config.get("parallel") is None:
         data["notes"] = [*data["notes"], "no parallel section: this is what `parallel.scenario: auto` would do"]
     memory = memory_estimate(cli, plan)
+    if plan.layout.pp > 1 and cli.model is not None:  # each stage's units, parameters and state
+        data["strategy"]["pipeline"] = describe_stages(cli.model, plan.layout.pp, plan.strategy_args, memory)
     if cli.config.get("json"):
         sys.stdout.write(json.dumps({**data, "memory": memory}) + "\n")
         return

@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 from torch import nn
 
 from project.errors import UserError
+from project.plan.memory import human
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential)
 #: The attribute names searched, in order, for the network a LightningModule's pipeline cuts.
@@ -168,3 +170,17 @@ def shared_across_stages(net: nn.Module, plan: Sequence[StagePlan]) -> str | Non
                 if owner.setdefault(id(parameter), stage.index) != stage.index:
                     return f"{unit}.{name}"
     return None
+
+
+def describe_stages(module: object, stages: int, args: dict[str, Any], memory: dict[str, Any] | None) -> dict[str, Any]:
+    """``plan``'s view of the pipeline: its size, schedule, and each stage's units, parameters and state bytes.
+
+    A stage holds its share of the parameters, with their gradients and optimizer state (the ``ddp`` column of the
+    memory table, per device, in proportion).
+    """
+    described = [stage.to_dict() for stage in plan_stages(module, stages, args["split_points"])]
+    if memory is not None:
+        total, parameters = memory["per_device"]["ddp"]["total"]["bytes"], max(memory["model"]["parameters"], 1)
+        for stage in described:
+            stage["state_bytes"] = human(round(total * int(stage["parameters"]) / parameters))
+    return {"size": stages, "schedule": args["schedule"], "microbatches": args["microbatches"], "stages": described}

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.errors import UserError
-from project.parallel.fsdp import build as build_fsdp
+from project.parallel.fsdp.strategy import build as build_fsdp
 from project.parallel.samplers import GlobalBatchSampler
 from project.plan.environment import LaunchEnvironment
 from project.plan.layout import Layout
