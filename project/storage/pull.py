@@ -10,6 +10,7 @@ the cache is not a record. From then on only committed names count (:func:`count
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -113,11 +114,17 @@ def _fetch_folder(store: Store, data: str, files: dict[str, dict[str, Any]], loc
     if local.is_dir() and all(_same(local / name, entry) for name, entry in files.items()):
         shutil.rmtree(partial)  # another process of this node fetched it meanwhile (and may be reading it)
         return
-    if local.is_dir():
-        shutil.rmtree(local)
-    elif local.exists():
-        local.unlink()
-    os.replace(partial, local)
+    stale = local.with_name(f".{local.name}.{os.getpid()}.stale")  # the incomplete copy, moved aside in one step
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(local, stale)
+    try:
+        os.replace(partial, local)
+    except OSError:  # another process of this node put its whole copy there in between: keep that one
+        shutil.rmtree(partial)
+    if stale.is_dir():
+        shutil.rmtree(stale)
+    elif stale.exists():
+        stale.unlink()
 
 
 def _same(local: Path, entry: dict[str, Any]) -> bool:
