@@ -272,16 +272,12 @@ def test_storage_options_open_the_store_and_no_record_holds_their_credentials(s3
 
 
 def test_a_preemption_stop_commits_its_step_to_the_store_before_the_process_exits(s3, tmp_path):
-    args = ["fit", "--config", STEPS, *SHORT, "--trainer.max_steps", "15", *at("s3://runs/preempt")]
+    args = ["fit", "--config", STEPS, *SHORT, "--trainer.max_steps", "30", *at("s3://runs/preempt")]
     stopped = run_cli([*args, callback("preempt_faults.SignalAtStep", step=13)], tmp_path, env=s3.env)
     assert stopped.returncode == 75, stopped.stderr[-3000:]
     run = "runs/preempt/digits/version_0"
     assert store_checkpoint(s3, run)["global_step"] == 13  # the stop's own save, committed before the exit
     assert not s3.fs().exists(f"{run}/.training.lease")  # given back: a new allocation may take it at once
-    wipe(tmp_path)
-    resumed = run_cli([*args, "--resume", "auto"], tmp_path, env=s3.env)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Resuming from" in resumed.stderr and "step 13" in resumed.stderr
 
 
 def test_a_run_refused_before_its_first_step_leaves_nothing_in_the_store(s3, tmp_path):
