@@ -61,3 +61,19 @@ class RandomRegression(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         """The last 32."""
         return DataLoader(torch.utils.data.Subset(self.data, range(64, 96)), batch_size=self.batch_size)
+
+
+class WithoutPipelineLoss(SequentialRegressor):
+    """The same network whose loss lives only in ``training_step``: a pipeline cannot call it, so refuses it."""
+
+    pipeline_loss = None  # type: ignore[assignment]
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """The loss inline, as most modules write it."""
+        x, y = batch
+        return F.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """``val/mse``."""
+        x, y = batch
+        self.log("val/mse", F.mse_loss(self.net(x), y), sync_dist=True)

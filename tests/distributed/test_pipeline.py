@@ -129,3 +129,17 @@ def test_a_split_that_cannot_be_made_is_one_line(tmp_path, extra, needle):
     result = run_cli(["fit", *TINY, *PP2, *extra], tmp_path)
     assert_clean_error(result, needle)
     assert not run_dirs(tmp_path, "chargpt")
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--parallel.global_batch_size", "16", "--parallel.per_device_batch_size", "4"], "gradient accumulation 4"),
+        (["--model", "user_pipeline.WithoutPipelineLoss"], "WithoutPipelineLoss has no pipeline_loss"),
+    ],
+    ids=["accumulation", "no_loss"],
+)
+def test_what_a_pipeline_cannot_run_is_one_line(tmp_path, extra, needle):
+    result = run_cli(["fit", *USER, *PP2, *extra], tmp_path)
+    assert_clean_error(result, needle)
+    assert not run_dirs(tmp_path, "user")
