@@ -74,8 +74,8 @@ class ReplicaGuard(L.Callback):
         if self.plan is None:  # a strategy given as trainer.strategy: its layout is unknown when it shards
             return ReplicaRows(rows=world if sharded else 1, world=world)
         layout = self.plan.layout
-        if layout.pp > 1:  # each stage holds other tensors: its replicas would need an all-reduce of their own
-            return ReplicaRows(rows=world, world=world)
+        if layout.pp > 1:  # each stage holds other tensors: its replicas compare over their own group (check)
+            return ReplicaRows(rows=1, world=layout.dp_size)
         return ReplicaRows.of(world, layout.dp_shard, layout.tp, sharded)
 
     def check(self, trainer: L.Trainer, when: str) -> None:
@@ -93,7 +93,8 @@ class ReplicaGuard(L.Callback):
         with_optimizer = not (row.shards_optimizer_state and not row.shards_parameters)  # zero1: partitions
         named = _named_state(trainer.lightning_module, trainer.optimizers, with_optimizer)
         names, sums = state_checksums(named)
-        index = first_disagreement(sums, dist.get_rank(), rows)
+        group = getattr(trainer.strategy, "replica_group", None)  # a pipeline stage's data-parallel replicas
+        index = first_disagreement(sums, dist.get_rank(group), rows, group)
         if index is None:
             return
         newest = _latest_checkpoint(trainer)

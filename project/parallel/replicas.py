@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -66,7 +67,7 @@ class ReplicaRows:
         return self.world > self.rows
 
 
-def first_disagreement(checksums: list[Tensor], rank: int, rows: ReplicaRows) -> int | None:
+def first_disagreement(checksums: list[Tensor], rank: int, rows: ReplicaRows, group: Any = None) -> int | None:
     """The index of the first checksum on which the ranks of some replica row differ, else ``None``.
 
     One all-reduce (MAX) of a ``[rows, 2 x n]`` int64 matrix: each rank writes ``[c, -c]`` into its own row, so
@@ -78,7 +79,7 @@ def first_disagreement(checksums: list[Tensor], rank: int, rows: ReplicaRows) ->
     matrix = torch.full((rows.rows, 2 * own.numel()), torch.iinfo(torch.int64).min, dtype=torch.int64)
     matrix = matrix.to(own.device)
     matrix[rank % rows.rows] = torch.cat([own, -own])
-    dist.all_reduce(matrix, op=dist.ReduceOp.MAX)
+    dist.all_reduce(matrix, op=dist.ReduceOp.MAX, group=group)
     highest, lowest = matrix[:, : own.numel()], -matrix[:, own.numel() :]
     differs = (highest != lowest).any(dim=0).nonzero()
     return int(differs[0]) if differs.numel() else None

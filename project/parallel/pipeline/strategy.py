@@ -196,6 +196,11 @@ class PipelineStrategy(DDPStrategy):
         return [name for name in self._whole_names if name in found], self._whole_groups
 
     @property
+    def replica_group(self) -> Any:
+        """The process group of this stage's data-parallel replicas (the replica guard compares them)."""
+        return self._dp_group
+
+    @property
     def whole_parameter_groups(self) -> list[list[list[str]]]:
         """The optimizers' parameter groups by name over the whole network, recorded before the cut."""
         return self._whole_groups
