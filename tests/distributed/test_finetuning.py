@@ -6,7 +6,6 @@ trainable set comes back from the checkpoint, where Lightning's own restore woul
 from __future__ import annotations
 
 import json
-import subprocess
 from functools import partial
 from pathlib import Path
 
@@ -67,43 +66,17 @@ def test_backbone_finetuning_on_two_processes_matches_one(runs):
         torch.testing.assert_close(two[key], value, atol=1e-5, rtol=0.0, msg=key)
 
 
-GROUPS = json.dumps({"class_path": "user_guard_shapes.UnfreezeAddingGroup", "init_args": {"epoch": 1}})
-#: The two kill-and-resume cases: the arguments, and the step whose start the kill (rank 0, once) comes at.
-KILLS = {"unfrozen": (FINETUNED, 115), "groups": ([*ARGS, "--trainer.callbacks+=" + GROUPS], 65)}
-
-
-def killed_at(cwd: Path, args: list[str], step: int) -> subprocess.CompletedProcess[str]:
-    """``fit`` of ``args`` in ``cwd``, SIGKILLed at ``step`` the first time (the resumed run reads the same config)."""
-    cwd.mkdir()
-    kill = {"class_path": "resume_faults.KillOnceAtStep", "init_args": {"step": step, "rank": 0}}
-    kill["init_args"]["marker"] = str(cwd / "killed-once")
-    return run_cli(["fit", "--config", own_every_10_steps(), *args, "--trainer.callbacks+=" + json.dumps(kill)], cwd)
-
-
-@pytest.fixture(scope="module")
-def killed(tmp_path_factory) -> dict[str, dict]:
-    """Both cases killed, then both resumed, side by side (independent one-process runs in folders of their own):
-    each case's kill result, run folder, the ``last.ckpt`` the kill left, and the resume's result."""
-    root = tmp_path_factory.mktemp("killed")
-    kills = two_at_a_time(*(partial(killed_at, root / name, *KILLS[name]) for name in KILLS))
-    found: dict[str, dict] = {}
-    for name, result in zip(KILLS, kills):
-        assert result.returncode == -9, result.stderr[-3000:]
-        (run,) = run_dirs(root / name, name="own")
-        saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-        found[name] = {"killed": result, "run": run, "saved": saved}
-    resume = [
-        partial(run_cli, ["fit", "--config", str(found[name]["run"] / "config.yaml"), "--resume", "auto"], root / name)
-        for name in KILLS
-    ]
-    for name, result in zip(KILLS, two_at_a_time(*resume)):
-        found[name]["resumed"] = result
-    return found
-
-
-def test_a_kill_after_the_unfreezing_resumes_exactly(killed, runs):
-    run, saved, resumed = (killed["unfrozen"][key] for key in ("run", "saved", "resumed"))
+def test_a_kill_after_the_unfreezing_resumes_exactly(tmp_path, runs):
+    marker = str(tmp_path / "killed-once")  # the resumed run reads the same config, callbacks included
+    kill = {"class_path": "resume_faults.KillOnceAtStep", "init_args": {"step": 115, "marker": marker, "rank": 0}}
+    killed = run_cli(
+        ["fit", "--config", own_every_10_steps(), *FINETUNED, "--trainer.callbacks+=" + json.dumps(kill)], tmp_path
+    )
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    (run,) = run_dirs(tmp_path, name="own")
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["global_step"] == 110 and saved["epoch"] == 2  # saved with the backbone training
+    resumed = run_cli(["fit", "--config", str(run / "config.yaml"), "--resume", "auto"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got, want = weights(run), weights(runs["one"])
     assert not torch.equal(got["backbone.0.weight"], saved["state_dict"]["backbone.0.weight"])  # it trained on
@@ -111,8 +84,15 @@ def test_a_kill_after_the_unfreezing_resumes_exactly(killed, runs):
         assert torch.equal(got[key], value), key
 
 
-def test_parameter_groups_a_resume_does_not_rebuild_are_one_line(killed):
-    resumed = killed["groups"]["resumed"]
+def test_parameter_groups_a_resume_does_not_rebuild_are_one_line(tmp_path):
+    own = json.dumps({"class_path": "user_guard_shapes.UnfreezeAddingGroup", "init_args": {"epoch": 1}})
+    marker = str(tmp_path / "killed-once")
+    kill = {"class_path": "resume_faults.KillOnceAtStep", "init_args": {"step": 65, "marker": marker, "rank": 0}}
+    args = ["fit", "--config", own_every_10_steps(), *ARGS, "--trainer.callbacks+=" + own]
+    killed = run_cli([*args, "--trainer.callbacks+=" + json.dumps(kill)], tmp_path)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    (run,) = run_dirs(tmp_path, name="own")
+    resumed = run_cli(["fit", "--config", str(run / "config.yaml"), "--resume", "auto"], tmp_path)
     assert_clean_error(
         resumed, "the optimizers' parameter groups differ from the checkpoint's", "optimizer 0: [2: head"
     )
