@@ -34,7 +34,8 @@ can only be refused when it happens, because it depends on the data (a `training
 processes): its refusal is one `error:` line at that step, no traceback, and the run keeps what it wrote.
 
 This page is generated: `make conformance` runs the lane (`tests/conformance`, marker `conformance`, two pytest-xdist
-workers) and rewrites it when every cell was judged. CI (`.ci/run`) runs `make test`, then `make conformance`.
+workers) and rewrites it when every cell was judged. CI (`.ci/run`) runs `make test`, `make test-slow`, then
+`make conformance`.
 `tests/unit/test_conformance_docs.py` checks that every feature the lane defines is listed here.
 """
 
