@@ -44,6 +44,7 @@ from project.checkpoints.atomic import atomic_write_text
 from project.errors import UserError
 from project.parallel.collectives import in_process_group
 from project.parallel.samplers import EvalShardSampler
+from project.parallel.strategies import layout_of
 from project.runs import run_directory
 
 #: What ``predict_step`` may return per batch, for the error that says it returned something else.
@@ -207,6 +208,9 @@ class PredictionsWriter(BasePredictionWriter):
         log_dir = run_directory(trainer)  # a collective: every rank asks
         if not trainer.is_global_zero or log_dir is None:
             return
+        if len(parts) > 1:  # a pipeline's stages predicted the same rows (they share their data): the first's only
+            layout = layout_of(trainer)
+            parts = [part for rank, part in enumerate(parts) if layout.pp_rank(rank) == 0]
         loaders = {
             k: [row for _, _, rows, _ in parts for row in rows.get(k, [])] for k in set().union(*(p[2] for p in parts))
         }

@@ -143,3 +143,15 @@ def test_what_a_pipeline_cannot_run_is_one_line(tmp_path, extra, needle):
     result = run_cli(["fit", *USER, *PP2, *extra], tmp_path)
     assert_clean_error(result, needle)
     assert not run_dirs(tmp_path, "user")
+
+
+def test_predict_through_the_stages_writes_one_process_completions_once_each(runs, tmp_path):
+    checkpoint = str(runs["pp2"] / "checkpoints" / "last.ckpt")
+    args = ["predict", *TINY[:-2], *F64, "--model.init_args.generate_chars", "8", "--ckpt_path", checkpoint]
+    (tmp_path / "one").mkdir()
+    (tmp_path / "pp").mkdir()
+    one, pp = two_at_a_time(partial(run_cli, args, tmp_path / "one"), partial(run_cli, [*args, *PP2], tmp_path / "pp"))
+    for result in (one, pp):
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    written = [(run_dirs(tmp_path / name, "chargpt")[-1] / "predictions.csv").read_text() for name in ("one", "pp")]
+    assert written[0] == written[1] and written[0].count("\n") > 3
