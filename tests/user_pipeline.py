@@ -32,12 +32,12 @@ class SequentialRegressor(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Its own step (one process, DDP): the same loss."""
         x, y = batch
-        return self.pipeline_loss(self.net(x), y)
+        return F.mse_loss(self.net(x), y)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         """``val/mse`` over the whole validation set."""
         x, y = batch
-        self.log("val/mse", self.pipeline_loss(self.net(x), y), sync_dist=True)
+        self.log("val/mse", F.mse_loss(self.net(x), y), sync_dist=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """SGD with momentum (state per parameter, so a resume needs the optimizer's state)."""
@@ -64,16 +64,6 @@ class RandomRegression(L.LightningDataModule):
 
 
 class WithoutPipelineLoss(SequentialRegressor):
-    """The same network whose loss lives only in ``training_step``: a pipeline cannot call it, so refuses it."""
+    """The same module whose loss lives only in its steps: a pipeline cannot call it, so refuses it."""
 
     pipeline_loss = None  # type: ignore[assignment]
-
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        """The loss inline, as most modules write it."""
-        x, y = batch
-        return F.mse_loss(self.net(x), y)
-
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        """``val/mse``."""
-        x, y = batch
-        self.log("val/mse", F.mse_loss(self.net(x), y), sync_dist=True)
