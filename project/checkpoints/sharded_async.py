@@ -18,6 +18,8 @@ the rules of :class:`~project.checkpoints.background.BackgroundCheckpointIO`:
 - Removals (a ``ModelCheckpoint`` replacing its previous best) run on rank 0 after the saves queued before
   them, and only if those succeeded.
 - Reads in this process wait for the write: the folder and its ``meta.pt`` are registered in :mod:`pending`.
+- In a run directory given as a URL the same thread uploads each rank's own shards, and rank 0 commits the folder
+  once every rank's upload is known complete (:mod:`project.storage.shards`); a save ends when it is committed.
 
 Threads, not DCP's process executor (``AsyncCheckpointerType.PROCESS``): measured with ``python -m bench.sharded_saves
 --compare``, both block the training for the copy alike, while the process executor starts a second interpreter

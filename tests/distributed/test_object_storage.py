@@ -77,6 +77,13 @@ def two_nodes(args: list[str], folders: list[Path], env: dict[str, str]) -> list
     return [subprocess.CompletedProcess(a.args, a.returncode, out, err) for a, (out, err) in zip(agents, outputs)]
 
 
+def two_new_nodes(s3, tmp_path_factory, label: str, args: list[str]) -> None:
+    """``args`` run on two "nodes" in new folders of their own; both must succeed."""
+    nodes = [tmp_path_factory.mktemp(f"{label}_node{index}") for index in range(2)]
+    for result in two_nodes(args, nodes, s3.env):
+        assert result.returncode == 0, result.stderr[-3000:]
+
+
 def wipe(*folders: Path) -> None:
     """A new allocation: nothing of the previous one on any node's disk."""
     for folder in folders:
@@ -96,10 +103,7 @@ def assert_no_credentials(s3, *folders: Path) -> None:
 @pytest.fixture(scope="module")
 def uninterrupted_two(s3, tmp_path_factory) -> dict:
     """The same 2-node command left alone (same launcher, same threads per process): what the resume must end at."""
-    nodes = [tmp_path_factory.mktemp("uninterrupted_node0"), tmp_path_factory.mktemp("uninterrupted_node1")]
-    results = two_nodes([*TWO, *ONE_EACH, *at("s3://runs/reference")], nodes, s3.env)
-    for result in results:
-        assert result.returncode == 0, result.stderr[-3000:]
+    two_new_nodes(s3, tmp_path_factory, "uninterrupted", [*TWO, *ONE_EACH, *at("s3://runs/reference")])
     return store_checkpoint(s3, "runs/reference/digits/version_0")
 
 
@@ -196,10 +200,7 @@ def consolidated(s3, url: str, out: Path) -> dict:
 @pytest.fixture(scope="module")
 def uninterrupted_fsdp(s3, tmp_path_factory) -> dict:
     """The 2-node fsdp command left alone, its last checkpoint consolidated from the store."""
-    nodes = [tmp_path_factory.mktemp("fsdp_node0"), tmp_path_factory.mktemp("fsdp_node1")]
-    results = two_nodes([*TWO_FSDP, *ONE_EACH, *at("s3://runs/fsdp-reference")], nodes, s3.env)
-    for result in results:
-        assert result.returncode == 0, result.stderr[-3000:]
+    two_new_nodes(s3, tmp_path_factory, "fsdp", [*TWO_FSDP, *ONE_EACH, *at("s3://runs/fsdp-reference")])
     url = "s3://runs/fsdp-reference/digits/version_0/checkpoints/last.ckpt"
     return consolidated(s3, url, tmp_path_factory.mktemp("fsdp_out") / "last.ckpt")
 
