@@ -10,7 +10,7 @@ weights when there is none) to ``<run>/export/``. Whether that export can be reb
 A network that no class path rebuilds (built in the LightningModule's ``__init__``, e.g. ``nn.Sequential``)
 is exported as a torch.export program (``model.pt2``, :mod:`project.export_program`) besides its state dict:
 its example inputs are recorded from its first forward call in training. When torch.export cannot capture it,
-or it is sharded (FSDP), one warning line says so and the export holds the state dict only.
+or it is sharded over the processes, one warning line says so and the export holds the state dict only.
 """
 
 from __future__ import annotations
@@ -176,10 +176,12 @@ class UnwrapEvalCallback(L.Callback):
         if self._recorder is not None:
             self._recorder.remove()  # never called in training: nothing to record after it
         log_dir = run_directory(trainer)
-        _, net = find_network(unwrap(pl_module), self.net_attribute)
+        name, net = find_network(unwrap(pl_module), self.net_attribute)
         best = self._best_path(trainer)
-        sharded = row_of(trainer.strategy).shards_parameters
-        gathered = _gather_full_state(net) if best is None and sharded and not trainer.fast_dev_run else None
+        row = row_of(trainer.strategy)
+        sharded, gathered = row.shards_parameters, None
+        if best is None and sharded and not trainer.fast_dev_run:  # a collective: every rank
+            gathered = _whole_network_state(trainer, name) if row.stages else _gather_full_state(net)
         if not trainer.is_global_zero or log_dir is None or trainer.fast_dev_run:
             return
         folder = Path(log_dir) / "export"
@@ -213,7 +215,7 @@ class UnwrapEvalCallback(L.Callback):
         example = self._recorder.example if self._recorder is not None else None
         try:
             if sharded:
-                raise ProgramExportError(f"{network} is sharded (FSDP): a sharded network is not exported as a program")
+                raise ProgramExportError(f"{network} is sharded over the processes: it is not exported as a program")
             if example is None:
                 raise ProgramExportError(f"{network} was never called in training, so it has no example inputs")
             return {**self._spec, **export_program(unwrap(net), example, folder / PROGRAM_FILE, state)}
@@ -229,6 +231,13 @@ class UnwrapEvalCallback(L.Callback):
 
     def _best_path(self, trainer: L.Trainer) -> str | None:
         return best_checkpoint_path(trainer) if self.export_best else None  # the checkpoint test after fit takes
+
+
+def _whole_network_state(trainer: L.Trainer, name: str) -> dict[str, Any]:
+    """The network's part of the whole model a strategy of stages gathers itself (call on every rank)."""
+    prefix = f"{name}."
+    whole = trainer.strategy.lightning_module_state_dict()
+    return {key[len(prefix) :]: value for key, value in whole.items() if key.startswith(prefix)}
 
 
 def _gather_full_state(net: nn.Module) -> dict[str, Any]:

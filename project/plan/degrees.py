@@ -76,18 +76,13 @@ def pipeline_degree(config: ParallelConfig, scenario: str, world_size: int) -> i
     """``parallel.pipeline_parallel.size``, checked against the scenario, the world size and the other degrees.
 
     Raises:
-        UserError: a size below 1 or not dividing the world size, a scenario it does not compose with, hybrid
-            sharding, or a schedule with too few micro-batches.
+        UserError: a size below 1 or not dividing the world size, a scenario it does not compose with, or a
+            schedule with too few micro-batches.
     """
     section = config.pipeline_parallel
     pp = _checked("pipeline_parallel.size", section.size, "pp", scenario, world_size)
     if pp == 1:
         return 1
-    if SCENARIOS[scenario].data_parallel == "shard" and config.fsdp.sharding == "hybrid":
-        raise UserError(
-            f"parallel.pipeline_parallel.size={pp} with parallel.fsdp.sharding 'hybrid': each stage is sharded over "
-            "its data-parallel ranks; use sharding 'full' or 'grad_op'"
-        )
     micro = section.microbatches
     if micro is not None and micro < 1:
         raise UserError(f"parallel.pipeline_parallel.microbatches={micro} must be >= 1 (None: one per stage)")

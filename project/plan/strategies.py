@@ -39,6 +39,9 @@ class StrategyRow:
     checkpoint: Literal["file", "sharded"] = "file"
     #: Gradients are DTensors (each rank its shard): a finiteness check all-reduces the ranks' verdicts.
     grads_are_dtensors: bool = False
+    #: Each rank holds one pipeline stage's layers: the strategy's ``lightning_module_state_dict`` gathers the
+    #: whole model (export and checkpoints take it from there, never from a rank's own parameters).
+    stages: bool = False
     #: What the plan says the strategy does with memory, for ``plan``'s memory table: ddp | zero1 | fsdp (a
     #: tensor-parallel degree divides the split layers first, in every column).
     memory: Literal["ddp", "zero1", "fsdp"] = "ddp"
@@ -50,6 +53,7 @@ class StrategyRow:
             "shards_optimizer_state": self.shards_optimizer_state,
             "checkpoint": self.checkpoint,
             "grads_are_dtensors": self.grads_are_dtensors,
+            "stages": self.stages,
         }
 
 
@@ -102,15 +106,14 @@ def _tensor_parallel_args(config: ParallelConfig, start_method: str) -> dict[str
 
 
 def _pipeline_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
-    """The pipeline's arguments; each stage's data-parallel copies take the scenario's (DDP's or fsdp's)."""
+    """The pipeline's arguments; each stage's data-parallel replicas average their gradients as DDP does."""
     section = config.pipeline_parallel
-    sharded = SCENARIOS.get(config.scenario, SCENARIOS["cpu"]).data_parallel == "shard"
     return {
         "schedule": section.schedule,
         "microbatches": section.microbatches or section.size,
         "split_points": list(section.split_points) if section.split_points is not None else None,
-        "data_parallel": "fsdp" if sharded else "ddp",
-        **(_fsdp_args(config, start_method) if sharded else ddp_args(config, start_method)),
+        "data_parallel": "ddp",
+        **ddp_args(config, start_method),
         "checkpoint": "one file (each stage's state gathered on rank 0 by parameter name)",
     }
 
@@ -153,13 +156,14 @@ STRATEGIES: dict[str, StrategyRow] = {
         grads_are_dtensors=True,
     ),
     # Pipeline parallelism (project/parallel/pipeline/): the network cut into stages, each stage's ranks sending
-    # activations forward and gradients back on torch.distributed.pipelining's schedule; each stage replicated
-    # (DDP) or sharded (fsdp) over its data-parallel ranks.
+    # activations forward and gradients back on torch.distributed.pipelining's schedule; each stage's replicas
+    # over its data-parallel ranks average their gradients as DDP does.
     "pipeline": StrategyRow(
         args=_pipeline_args,
         build="project.parallel.pipeline:build",
         shards_parameters=True,
         checkpoint="file",
+        stages=True,
     ),
     # ZeRO stage 1: DDP whose optimizer state is sharded over the ranks (project/parallel/zero1.py); the
     # parameters and gradients stay replicated, so export and the finiteness check are DDP's.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from project.errors import UserError
-from project.plan.config import FsdpOptions, PipelineParallel, TensorParallel
+from project.plan.config import PipelineParallel, TensorParallel
 from project.plan.environment import LaunchEnvironment
 from project.plan.layout import Layout
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
@@ -32,8 +32,9 @@ def test_the_pipeline_is_the_outermost_degree():
     assert layout.group_ranks(("dp_replicate", "dp_shard")) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # a stage's replicas
     assert layout.mesh_shape() == ((2, 4), ("pp", "dp_replicate"))
     assert got.global_batch_size == 32 and got.strategy_args["microbatches"] == 2
-    sharded = plan(0, scenario="fsdp", devices=4, pipeline_parallel=PipelineParallel(size=2, schedule="gpipe"))
-    assert (sharded.layout.pp, sharded.layout.dp_shard, sharded.strategy_args["data_parallel"]) == (2, 2, "fsdp")
+    gpipe = plan(0, scenario="cpu", devices=4, pipeline_parallel=PipelineParallel(size=2, schedule="gpipe"))
+    assert (gpipe.layout.pp, gpipe.layout.dp_replicate, gpipe.strategy_args["schedule"]) == (2, 2, "gpipe")
+    assert gpipe.row.stages and gpipe.to_dict()["capabilities"]["stages"] is True
 
 
 def test_a_layout_whose_degrees_do_not_multiply_is_refused():
@@ -56,14 +57,8 @@ def test_a_layout_whose_degrees_do_not_multiply_is_refused():
             "microbatches=2 is fewer than the 4 stages",
         ),
         (
-            {
-                "scenario": "fsdp",
-                "devices": 2,
-                "num_nodes": 2,
-                "fsdp": FsdpOptions(sharding="hybrid"),
-                "pipeline_parallel": PipelineParallel(size=2),
-            },
-            "with parallel.fsdp.sharding 'hybrid'",
+            {"scenario": "fsdp", "devices": 4, "pipeline_parallel": PipelineParallel(size=2)},
+            "pipeline parallelism runs with scenario 'cpu', 'ddp'",
         ),
     ],
 )

@@ -52,6 +52,7 @@ def test_the_plan_shows_strategy_zero1_with_ddp_arguments_and_its_capabilities()
         "shards_optimizer_state": True,
         "checkpoint": "file",
         "grads_are_dtensors": False,
+        "stages": False,
     }
 
 

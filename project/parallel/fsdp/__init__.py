@@ -1,2 +1,4 @@
-"""FSDP2 (``fully_shard``) applied to any LightningModule: the strategy, its units, sharding, evaluation and
-checkpoints, one module each."""
+"""FSDP2 (``fully_shard``) applied to any LightningModule.
+
+The strategy, its units, sharding, evaluation and checkpoints: one module each.
+"""
