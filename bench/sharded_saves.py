@@ -6,9 +6,9 @@ Two CPU processes over gloo (spawned here, no launcher) shard a stack of ``--lay
 ``--width`` with ``fully_shard`` (2048 x 6: 100 MB of weights) and take one AdamW step (its state: twice the
 weights), then save what Lightning's checkpoint of them holds, ``--repeats`` times each way:
 
-- **sync**: :func:`~project.checkpoints.sharded_save.save_sharded` (``parallel.fsdp.async_save: false``): every rank
+- **sync**: :func:`~project.checkpoints.sharded.save.save_sharded` (``parallel.fsdp.async_save: false``): every rank
   writes its shards, DCP its ``.metadata``, rank 0 ``meta.pt`` and the swap onto the name; then it returns.
-- **async**: :class:`~project.checkpoints.sharded_async.AsyncShardedWriter` (the default): the call blocks while
+- **async**: :class:`~project.checkpoints.sharded.asynchronous.AsyncShardedWriter` (the default): the call blocks while
   this rank's shards are copied into the kept staging buffers; "until written" is the call plus the wait for the
   background write (the training idle meanwhile). The training step time while a write runs, against an idle
   one, is what the write takes from the training on these cores.
@@ -37,8 +37,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from project.checkpoints import sharded_save
-from project.checkpoints.sharded_async import AsyncShardedWriter
+from project.checkpoints.sharded import save as sharded_save
+from project.checkpoints.sharded.asynchronous import AsyncShardedWriter
 
 WORLD = 2
 

@@ -99,7 +99,7 @@ def match_state_dict(state: dict[str, torch.Tensor], net: nn.Module) -> dict[str
 def _read_weights(file: Path) -> Any:
     """What a weights file holds; a sharded (FSDP) checkpoint folder is merged into one Lightning checkpoint."""
     from project.checkpoints.sharded import is_sharded_checkpoint
-    from project.checkpoints.sharded_merge import load_full_checkpoint
+    from project.checkpoints.sharded.merge import load_full_checkpoint
 
     return load_full_checkpoint(file, weights_only=True) if is_sharded_checkpoint(file) else safe_load(file)
 

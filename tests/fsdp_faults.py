@@ -14,7 +14,7 @@ from typing import Any
 
 import lightning as L
 
-from project.checkpoints import sharded_save
+from project.checkpoints.sharded import save as sharded_save
 from project.models.classifier import Classifier
 
 from helpers import descendants

@@ -22,8 +22,8 @@ from lightning.fabric.plugins import TorchCheckpointIO
 
 from project.checkpoints.atomic import atomic_write
 from project.checkpoints.sharded import is_sharded_checkpoint
-from project.checkpoints.sharded_merge import load_full_checkpoint
-from project.checkpoints.sharded_save import write_file_over
+from project.checkpoints.sharded.merge import load_full_checkpoint
+from project.checkpoints.sharded.save import write_file_over
 from project.storage.run import publish, withdraw
 
 

@@ -30,7 +30,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from project.checkpoints.loading import safe_load
 from project.checkpoints.sharded import is_sharded_checkpoint, read_checkpoint, read_summary
-from project.checkpoints.sharded_save import checkpoints_in, final_name, recover_swaps, remove_partial
+from project.checkpoints.sharded.save import checkpoints_in, final_name, recover_swaps, remove_partial
 from project.commands import COMMANDS
 from project.errors import UserError
 from project.storage.pull import checkpoint_at, counts

@@ -65,7 +65,7 @@ class Run:
     def checkpoint(self) -> dict[str, Any]:
         """``last.ckpt`` of the run's directory: a file, or an fsdp folder merged here."""
         from project.checkpoints.sharded import is_sharded_checkpoint
-        from project.checkpoints.sharded_merge import load_full_checkpoint
+        from project.checkpoints.sharded.merge import load_full_checkpoint
 
         found = run_dirs(self.cwd, "conformance")  # the fit's is the first (a resume continues it; predict adds one)
         path = found[0] / "checkpoints" / "last.ckpt" if found else self.cwd / "missing"

@@ -23,7 +23,7 @@ import torch
 
 from project.callbacks.elastic import read_membership
 from project.checkpoints.sharded import read_checkpoint
-from project.checkpoints.sharded_merge import checkpoint_weights
+from project.checkpoints.sharded.merge import checkpoint_weights
 
 from helpers import CPU_DDP, DIGITS, FAST, REPO, cli_env, every_10_steps, free_port, read_scalars, run_cli, run_dirs
 

@@ -27,8 +27,10 @@ import torch
 from jsonargparse import Namespace
 from torch import nn
 
-from project.checkpoints import sharded, sharded_merge, sharded_save
+from project.checkpoints import sharded
 from project.checkpoints.resume import RunName, choose_checkpoint, find_resume_checkpoint, remove_partial_writes
+from project.checkpoints.sharded import merge as sharded_merge
+from project.checkpoints.sharded import save as sharded_save
 from project.consolidate import consolidate
 from project.errors import UserError
 from project.models.classifier import Classifier

@@ -15,7 +15,10 @@ import pytest
 import torch
 from torch import nn
 
-from project.checkpoints import sharded, sharded_load, sharded_merge, sharded_save
+from project.checkpoints import sharded
+from project.checkpoints.sharded import load as sharded_load
+from project.checkpoints.sharded import merge as sharded_merge
+from project.checkpoints.sharded import save as sharded_save
 from project.consolidate import consolidate
 from project.errors import UserError
 

@@ -5,7 +5,7 @@ mesh, launcher, process group), except that the module need not write ``configur
 ``torch.distributed.fsdp.fully_shard`` itself, from the plan, and points the optimizers LightningCLI built
 before sharding at the sharded parameters. Its checkpoints are atomic sharded folders read under the project's
 pickle policy (:mod:`project.checkpoints.sharded`), written in the background unless ``parallel.fsdp.async_save`` is
-false (:mod:`project.checkpoints.sharded_async`); every rank starts from rank 0's weights, as under DDP;
+false (:mod:`project.checkpoints.sharded.asynchronous`); every rank starts from rank 0's weights, as under DDP;
 gradient accumulation reduces on the last micro-batch only; an evaluation whose exactly-once shards give the
 ranks different numbers of batches runs on parameters gathered once (FSDP's per-forward gathers would hang).
 What is sharded, and which modules are units, is :mod:`project.parallel.fsdp.units`; applying it,
@@ -35,7 +35,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
-from project.checkpoints.sharded_async import AsyncShardedWriter
+from project.checkpoints.sharded.asynchronous import AsyncShardedWriter
 from project.lightning_private import set_mesh_sizes, strategy_timeout
 from project.parallel.fsdp.checkpoints import ShardedCheckpoints
 from project.parallel.fsdp.evaluation import evaluation_batches, gather_if_uneven, reshard_after_evaluation

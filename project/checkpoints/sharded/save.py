@@ -13,7 +13,7 @@ and the old one removed. A kill in between leaves the newest complete checkpoint
 completes the swap; an ``.old`` is never left behind.
 
 :func:`save_sharded` does all of it before returning (``parallel.fsdp.async_save: false``);
-:mod:`project.checkpoints.sharded_async` runs the same steps in the background; in object storage, too.
+:mod:`project.checkpoints.sharded.asynchronous` runs the same steps in the background; in object storage, too.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from project.checkpoints.sharded import (
     is_sharded_checkpoint,
     read_metadata,
 )
-from project.checkpoints.sharded_errors import LOAD_ERRORS, unsafe_error
+from project.checkpoints.sharded.errors import LOAD_ERRORS, unsafe_error
 from project.errors import UserError
 from project.lightning_private import load_without_process_group
 

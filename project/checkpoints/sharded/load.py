@@ -19,7 +19,7 @@ from torch.distributed.checkpoint import CheckpointException
 
 from project.checkpoints.loading import safe_load
 from project.checkpoints.sharded import LIGHTNING_META, OPTIMIZER, WEIGHTS, SafeLoadPlanner, SafeReader, read_metadata
-from project.checkpoints.sharded_errors import LOAD_ERRORS, causes, misfit_error, unsafe_error
+from project.checkpoints.sharded.errors import LOAD_ERRORS, causes, misfit_error, unsafe_error
 from project.errors import UserError
 
 #: The DCP step whose failure means the state to load does not fit the checkpoint (a key or a shape it lacks).
