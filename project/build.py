@@ -42,13 +42,14 @@ from project.parallel.compile import CompileAfterWrap
 from project.parallel.strategies import trainer_kwargs
 from project.parallel.threads import apply_cpu_threads
 from project.parser_stubs import resolve_stubs_in_process
-from project.plan.config import MOVED_FIELDS, Hardware, ParallelConfig
+from project.plan.config import Hardware, ParallelConfig
 from project.plan.environment import detect_environment, refuse_stray_rank
 from project.plan.resolve import resolve_plan
 from project.run_config import (
     NoProfiler,
     SaveUserConfig,
     add_run_options,
+    add_sections,
     listed,
     quiet_third_party,
     refuse_trainer_overlap,
@@ -60,7 +61,6 @@ from project.run_state import RunState
 from project.runs import run_of_config
 from project.storage.run import use_store
 from project.tracking.attach import attach_tracking
-from project.tracking.config import TrackingConfig
 
 # LightningCLI warns when it is given args while sys.argv has some; main() passes what it parsed on purpose.
 warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
@@ -102,21 +102,8 @@ class ProjectCLI(LightningCLI):
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """The ``parallel`` section, and this command's run options."""
-        parser.add_argument(
-            "--parallel",
-            type=ParallelConfig | None,
-            default=None,
-            help="The seed's DP/DDP scenarios as one section; see configs/parallel/ and `plan`. "
-            "null leaves the layout to the trainer settings (plain Lightning).",
-        )
-        parser.moved_options = {f"parallel.{old}": f"parallel.{new}" for old, new in MOVED_FIELDS.items()}
-        parser.add_argument(
-            "--tracking",
-            type=TrackingConfig | None,
-            default=None,
-            help="Experiment tracking beside TensorBoard (fit); see configs/tracking/mlflow.yaml and docs/tracking.md.",
-        )
+        """The ``parallel`` and ``tracking`` sections, ``--storage_options``, and this command's run options."""
+        add_sections(parser)
         if not self.row.builds_trainer:  # plan
             parser.add_argument("--assume_gpus", type=int | None, default=None, help="Plan for a machine with N GPUs.")
             parser.add_argument("--json", action=ActionYesNo, default=False, help="Print one JSON object.")

@@ -21,7 +21,9 @@ from lightning.pytorch.profilers import PassThroughProfiler
 
 from project.commands import COMMANDS
 from project.errors import UserError
+from project.plan.config import MOVED_FIELDS, ParallelConfig
 from project.plan.strategies import UNNAMED_STRATEGIES
+from project.tracking.config import TrackingConfig
 
 # Trainer settings that the plan decides when `parallel` is given.
 PLAN_OWNED_TRAINER_KEYS = (
@@ -179,16 +181,37 @@ def refuse_trainer_overlap(parallel: Any, trainer: Namespace, defaults: Namespac
             )
 
 
-def add_run_options(parser: LightningArgumentParser, command: str) -> None:
-    """The run options, as ``command``'s row says: ``--ckpt_path``, ``--resume`` (trains), ``--test_after_fit``."""
-    row = COMMANDS[command]
+def add_sections(parser: LightningArgumentParser) -> None:
+    """The sections every command takes: ``parallel``, ``tracking`` and ``--storage_options``.
+
+    A run's own config.yaml holds them, so ``plan``, ``check`` and ``test`` take that file.
+    """
+    parser.add_argument(
+        "--parallel",
+        type=ParallelConfig | None,
+        default=None,
+        help="The seed's DP/DDP scenarios as one section; see configs/parallel/ and `plan`. "
+        "null leaves the layout to the trainer settings (plain Lightning).",
+    )
+    parser.moved_options = {f"parallel.{old}": f"parallel.{new}" for old, new in MOVED_FIELDS.items()}
+    parser.add_argument(
+        "--tracking",
+        type=TrackingConfig | None,
+        default=None,
+        help="Experiment tracking beside TensorBoard (fit); see configs/tracking/mlflow.yaml and docs/tracking.md.",
+    )
     parser.add_argument(
         "--storage_options",
         type=dict[str, Any] | None,
         default=None,
-        help="fsspec options of a URL save_dir or --ckpt_path (endpoint_url, anon, client_kwargs, ...); "
+        help="fsspec options of a URL save_dir or checkpoint (endpoint_url, anon, client_kwargs, ...); "
         "credentials given here are used and never written into any record (docs/checkpoints.md).",
     )
+
+
+def add_run_options(parser: LightningArgumentParser, command: str) -> None:
+    """The run options, as ``command``'s row says: ``--ckpt_path``, ``--resume`` (trains), ``--test_after_fit``."""
+    row = COMMANDS[command]
     parser.add_argument(
         "--ckpt_path",
         type=str | None,

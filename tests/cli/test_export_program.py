@@ -102,7 +102,7 @@ def test_a_sharded_network_built_in_init_exports_its_state_dict_with_one_warning
     assert result.returncode == 0, result.stderr[-3000:]
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert [w for w in warnings if "model.pt2" in w] == [
-        "warning: no export/model.pt2: torch.nn.modules.container.Sequential is sharded (FSDP): a sharded network "
+        "warning: no export/model.pt2: torch.nn.modules.container.Sequential is sharded over the processes: it "
         "is not exported as a program; export/ holds the state dict model.pt only (build the network in your code "
         "and load it with project.export.load_weights)"
     ]
