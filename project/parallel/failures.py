@@ -1,16 +1,13 @@
 """Say which rank failed when a multi-process run breaks, instead of a gloo/nccl traceback.
 
-When one rank dies (killed, out of memory, crashed) the others learn it in their next collective,
-from an error that names a socket, not a rank ("Connection reset by peer"); a rank that is stuck
-makes the others' collective fail after ``parallel.timeout_s`` ("Timed out"). Rank 0 under
-Lightning's own launcher started the other ranks, so it can tell exactly which one died and how;
-any other rank names its peer when there is only one, and otherwise leaves that to the launcher
-(torchrun's report names the failed rank and its exit code).
+When one rank dies the others learn it in their next collective, from an error that names a socket, not a rank
+("Connection reset by peer"); a stuck rank makes the others' collective fail after ``parallel.timeout_s``.
+Rank 0 under Lightning's launcher started the other ranks, so it tells which one died and how; any other rank
+names its peer when there is only one, else leaves that to the launcher (torchrun's report names it).
 
 One user mistake surfaces here too: a parameter that got no gradient under DDP without
-``find_unused_parameters``, which DDP reports at the next step as "Expected to have finished reduction in
-the prior iteration" (Lightning's rewording names ``strategy='ddp_find_unused_parameters_true'``, a
-setting the parallel section refuses). It becomes one line naming ``parallel.ddp.find_unused_parameters``.
+``find_unused_parameters`` ("Expected to have finished reduction in the prior iteration"): one line naming
+``parallel.ddp.find_unused_parameters``.
 """
 
 from __future__ import annotations
@@ -69,16 +66,12 @@ def uses_parallel_section(trainer: L.Trainer) -> bool:
 def unused_parameters_error(model: str, names: list[str], when: str, parallel: bool = True) -> UnusedParametersError:
     """The one line for parameters of ``model`` (their ``names``, if known) that got no gradient in ``when``.
 
-    ``parallel`` says whether the layout comes from the ``parallel`` section, whose setting is then named;
-    with ``parallel: null`` it is Lightning's strategy name.
+    ``parallel``: the layout comes from the ``parallel`` section (its setting is named), else Lightning's strategy.
     """
     listed = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     subject = f"{len(names)} parameter(s) of {model} ({listed})" if names else f"a parameter of {model}"
-    setting = (
-        "`parallel.ddp.find_unused_parameters: true`"
-        if parallel
-        else "`trainer.strategy: ddp_find_unused_parameters_true`"
-    )
+    key = "parallel.ddp.find_unused_parameters: " if parallel else "trainer.strategy: ddp_find_unused_parameters_"
+    setting = f"`{key}true`"
     return UnusedParametersError(
         f"{subject} got no gradient in {when}, and DDP needs one for every trainable parameter in every step "
         f"unless told otherwise; set {setting}, or freeze the parameters that are never trained (requires_grad=False)"
@@ -157,10 +150,9 @@ def explain_rank_failure(
     Ranks this one started that all ended with exit code 75 stopped on a signal: that is a
     :class:`~project.errors.Preempted` (exit code 75), never blamed on the out-of-memory killer.
 
-    Call it in the rank that caught ``error``, before its launcher's children are stopped, so that a
-    child that died first is told apart from the ones stopped afterwards. ``timeout_name`` is the
-    setting that holds ``timeout_s``; ``then`` is what to do once the cause is fixed. DDP's error for a
-    parameter that got no gradient is an :class:`UnusedParametersError` (a user mistake, exit code 2).
+    Call it in the rank that caught ``error``, before its launcher's children are stopped (a child that died
+    first is told apart from those stopped afterwards). ``timeout_name`` holds ``timeout_s``; ``then`` is what to
+    do once the cause is fixed. DDP's unused-parameter error is an :class:`UnusedParametersError` (exit code 2).
     """
     world_size = getattr(trainer, "world_size", 1) if trainer is not None else 1
     error = _lost_rank_under(error)  # a checkpoint write that failed because a rank died names the rank, not the disk
@@ -172,29 +164,40 @@ def explain_rank_failure(
     if any(s in text for s in _PORT_IN_USE):  # rank 0 could not host the rendezvous: no rank died
         return _port_in_use()
     lost, timed_out = any(s in text for s in _LOST_PEER), any(s in text for s in _TIMED_OUT)
-    rank = trainer.global_rank
     # A child that broke the connection is dead, or about to be reaped; a stuck one never exits.
     failed = _failed_children(trainer.strategy, _REAP_WAIT_S if lost else 0.0)
-    resume = then
     if failed:
-        first = trainer.node_rank * trainer.num_devices
-        if all(p.returncode == Preempted.exit_code for _, p in failed):  # stopped by a signal, not killed
-            return Preempted(peer_stopped(", ".join(f"rank {first + local} (pid {p.pid})" for local, p in failed)))
-        names = ", ".join(f"rank {first + local} (pid {p.pid}) {how_it_ended(p.returncode)}" for local, p in failed)
-        if lost and (stalled := known_stall()) is not None:  # that rank ended at its timeout, after a stall
-            return RankFailure(f"{stalled}; {names} at its timeout and rank {rank} stopped the others, {resume}")
-        return RankFailure(
-            f"{names}; rank {rank} stopped the other ranks of this run. Read that rank's output above "
-            f"(a SIGKILL nobody sent is often the out-of-memory killer: see `dmesg`), {resume}"
-        )
+        return _children_failure(trainer, failed, lost, then)
     if not (lost or timed_out or isinstance(error, dist.DistError)):
         return None
+    limit = f"{timeout_name}={timeout_s:g} s" if timeout_s is not None else "the process group's timeout"
+    return _peer_failure(error, trainer.global_rank, world_size, (lost, timed_out), (limit, timeout_name), then)
+
+
+def _children_failure(trainer: L.Trainer, failed: list[tuple[int, Any]], lost: bool, resume: str) -> RunFailure:
+    """The line for ranks this one started that ended first: stopped by a signal, killed, or ended at a stall."""
+    rank, first = trainer.global_rank, trainer.node_rank * trainer.num_devices
+    if all(p.returncode == Preempted.exit_code for _, p in failed):  # stopped by a signal, not killed
+        return Preempted(peer_stopped(", ".join(f"rank {first + local} (pid {p.pid})" for local, p in failed)))
+    names = ", ".join(f"rank {first + local} (pid {p.pid}) {how_it_ended(p.returncode)}" for local, p in failed)
+    if lost and (stalled := known_stall()) is not None:  # that rank ended at its timeout, after a stall
+        return RankFailure(f"{stalled}; {names} at its timeout and rank {rank} stopped the others, {resume}")
+    return RankFailure(
+        f"{names}; rank {rank} stopped the other ranks of this run. Read that rank's output above "
+        f"(a SIGKILL nobody sent is often the out-of-memory killer: see `dmesg`), {resume}"
+    )
+
+
+def _peer_failure(
+    error: BaseException, rank: int, world_size: int, how: tuple[bool, bool], timeout: tuple[str, str], resume: str
+) -> RankFailure:
+    """The line for a peer this rank did not start: ``how`` is (lost, timed out); ``timeout`` (its text, setting)."""
+    (lost, timed_out), (limit, timeout_name) = how, timeout
     peer = f"rank {1 - rank}" if world_size == 2 else "another rank (the launcher's report names it)"
     detail = _gist(error)
     if lost and (stalled := known_stall()) is not None:  # the peer ended at its timeout, after a stall
         return RankFailure(f"{stalled}; {peer} ended at its timeout ({detail}), {resume}")
     if timed_out and not lost:
-        limit = f"{timeout_name}={timeout_s:g} s" if timeout_s is not None else "the process group's timeout"
         # Every rank's record (stacks, last collectives, phase), compared: the line names who is where.
         stalled = stalled_ranks(f"rank {rank}: a collective did not complete within {limit} ({detail})")
         if stalled is not None:

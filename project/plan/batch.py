@@ -55,13 +55,11 @@ def resolve_batch(
 ) -> BatchSizes:
     """(per-device, global, accumulation) from what was given; dp reads the data batch size as global.
 
-    Under ``micro_batch: auto`` the global batch is fixed here (as without it, at an accumulation of 1) and the
-    per-device batch is one whole step of this process, the largest size the search at the start of ``fit`` may
-    keep; it divides that into micro-batches (:meth:`project.plan.resolve.Plan.with_micro_batch`).
+    Under ``micro_batch: auto`` the global batch is fixed here (at an accumulation of 1) and the per-device batch is
+    one whole step of this process, which the search divides (:meth:`project.plan.resolve.Plan.with_micro_batch`).
 
     Args:
-        data_batch_is_global: The scenario reads the loader's batch as global and splits it (``dp``), instead of
-            multiplying it by the data-parallel size.
+        data_batch_is_global: The scenario reads the loader's batch as global and splits it (``dp``).
         global_batch_size: ``parallel.global_batch_size``.
         data_batch_size: The batch size of the training loader the datamodule returns.
         dp_size: The data-parallel size: processes that train on different data (all of them, unless tensor
@@ -165,29 +163,14 @@ class BatchRequest:
         )
 
 
-def batch_fields(
-    layout: Layout, request: BatchRequest, data_batch_size: int | None
-) -> tuple[dict[str, Any], list[str]]:
-    """The plan's batch and learning-rate fields for ``data_batch_size``, and the notes that explain them."""
-    size_name = layout.dp_size_name
-    scenario = SCENARIOS[layout.scenario]
-    batch = resolve_batch(
-        scenario.data_batch_is_global,
-        request.global_batch_size,
-        data_batch_size,
-        layout.dp_size,
-        request.per_device_batch_size,
-        request.accumulation,
-        size_name,
-        request.micro_batch,
-    )
+def _batch_notes(global_data: bool, batch: BatchSizes, request: BatchRequest, factor: float | None) -> list[str]:
+    """What the plan says about its batch: dp's split, the scaled learning rate, micro-batch auto, accumulation."""
     notes: list[str] = []
-    if scenario.data_batch_is_global and batch.global_ is not None:
+    if global_data and batch.global_ is not None:
         notes.append(
             "dp runs as DDP (Lightning removed DataParallel): one process per GPU instead of threads; "
             f"the global batch {batch.global_} is split into {batch.per_device} per GPU, as DataParallel's scatter did"
         )
-    factor = lr_factor(request.lr_scaling, batch.global_, request.reference_batch_size)
     if request.lr_scaling != "none" and factor is not None:
         notes.append(
             f"learning rates x {factor:g} ({request.lr_scaling}: global batch {batch.global_} against the "
@@ -204,6 +187,27 @@ def batch_fields(
             f"gradient accumulation: {batch.accumulation} micro-batches of {batch.per_device} per process make one "
             f"optimizer step of {batch.global_}; DDP all-reduces on the last micro-batch only"
         )
+    return notes
+
+
+def batch_fields(
+    layout: Layout, request: BatchRequest, data_batch_size: int | None
+) -> tuple[dict[str, Any], list[str]]:
+    """The plan's batch and learning-rate fields for ``data_batch_size``, and the notes that explain them."""
+    size_name = layout.dp_size_name
+    scenario = SCENARIOS[layout.scenario]
+    batch = resolve_batch(
+        scenario.data_batch_is_global,
+        request.global_batch_size,
+        data_batch_size,
+        layout.dp_size,
+        request.per_device_batch_size,
+        request.accumulation,
+        size_name,
+        request.micro_batch,
+    )
+    factor = lr_factor(request.lr_scaling, batch.global_, request.reference_batch_size)
+    notes = _batch_notes(scenario.data_batch_is_global, batch, request, factor)
     configured = request.configured_lr
     fields = {
         "micro_batch": AUTO if request.micro_batch == AUTO else batch.per_device,
