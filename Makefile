@@ -32,7 +32,7 @@ CHECK_PYTHON := import sys; sys.exit(sys.version_info[:2] != (3, 11) and \
   "$(VENV) is not CPython 3.11, which the locks in requirements/ are for: make PYTHON=python3.11 VENV=<new folder>")
 INSTALL_LOCK := $(PY) -m pip install --quiet --require-hashes --no-deps --only-binary :all: -r
 
-.PHONY: setup train test test-fast test-slow lint format bench bench-quick gpu-check clean lock audit
+.PHONY: strip setup train test test-fast test-slow lint format bench bench-quick gpu-check clean lock audit
 
 $(STAMP): pyproject.toml Makefile requirements/lock-pip.txt requirements/lock.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -115,6 +115,11 @@ bench-quick: $(STAMP)
 
 gpu-check: $(STAMP)
 	$(PY) -m bench.gpu_check
+
+# `make strip EXTRAS="sweep tracking"` (or EXTRAS=all): delete optional layers (project/extras/<name>/) with their
+# tests, docs, configs and pyproject extra; what remains passes `make test` (README, "Make it yours"). No install.
+strip:
+	$(PYTHON) scripts/strip.py $(EXTRAS)
 
 clean:
 	rm -rf logs bench/results/tmp .pytest_cache

@@ -11,10 +11,10 @@ if __name__ == "__main__":
     answer_without_training_imports(sys.argv[1:])  # --help and unknown commands: no Lightning import
     command = command_of(sys.argv[1:])
     if command is not None and command.builds is Builds.DRIVER:
-        # The sweep's driver only samples, starts trials (each a `fit` process) and reads results: no torch.
-        from project.sweep.driver import main as sweep
+        # A driver (a layer's: the sweep) starts its own processes and imports no torch here.
+        from project.layers import hook
 
-        sweep(sys.argv[2:])
+        hook(str(command.runner))(sys.argv[2:])
         raise SystemExit(0)
     from project.launch import stop_signals
 

@@ -9,7 +9,6 @@ IO and template callbacks come from that resolution. ``plan`` builds the model a
 from __future__ import annotations
 
 import warnings
-from dataclasses import replace
 from typing import Any
 
 import lightning as L
@@ -30,7 +29,6 @@ from project.callbacks.dispatch import skip_idle_batch_hooks
 from project.callbacks.elastic import ElasticCallback
 from project.callbacks.float64 import Float64BeforeRestore
 from project.callbacks.model_checks import refuse_manual_accumulation, refuse_unshardable_callbacks
-from project.check.command import add_check_arguments, check_trainer_kwargs
 from project.checkpoints.background import with_atomic_checkpoint_io
 from project.checkpoints.resume import Chosen, choose_checkpoint
 from project.commands import COMMANDS
@@ -38,6 +36,7 @@ from project.config_errors import ProjectArgumentParser, root_cause
 from project.errors import UserError
 from project.launch.elastic import ElasticJob, detect_elastic, end_job, keep_checkpoint_batch
 from project.launch.ranks import confirm_started_ranks
+from project.layers import hook, hooks
 from project.parallel.compile import CompileAfterWrap
 from project.parallel.strategies import trainer_kwargs
 from project.parallel.threads import apply_cpu_threads
@@ -60,7 +59,6 @@ from project.run_config import (
 from project.run_state import RunState
 from project.runs import run_of_config
 from project.storage.run import use_store
-from project.tracking.attach import attach_tracking
 
 # LightningCLI warns when it is given args while sys.argv has some; main() passes what it parsed on purpose.
 warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
@@ -108,8 +106,8 @@ class ProjectCLI(LightningCLI):
             parser.add_argument("--assume_gpus", type=int | None, default=None, help="Plan for a machine with N GPUs.")
             parser.add_argument("--json", action=ActionYesNo, default=False, help="Print one JSON object.")
             return
-        if self.row.self_test:
-            add_check_arguments(parser)
+        if self.row.arguments is not None:  # a layer's command (check): its own options instead of the run's
+            hook(self.row.arguments)(parser)
             return
         add_run_options(parser, self.command)
 
@@ -133,8 +131,8 @@ class ProjectCLI(LightningCLI):
         if self.row.trains:  # a restart at another size keeps the checkpoint's global batch
             self.elastic = detect_elastic(environment)
             settings = keep_checkpoint_batch(settings, self._resuming(), self.elastic)
-        if self.row.self_test:  # a rank that does not answer is named after the check's short timeout
-            settings = replace(settings, timeout_s=min(settings.timeout_s, config.join_timeout_s))
+        if self.row.settings is not None:  # a layer's command adjusts the section (check: its short timeout)
+            settings = hook(self.row.settings)(settings, config)
         assumed = config.get("assume_gpus")
         if assumed is not None and assumed < 0:
             raise UserError(f"--assume_gpus={assumed} must be >= 0")
@@ -228,10 +226,13 @@ class ProjectCLI(LightningCLI):
         if plan is not None and plan.precision == "64":
             shaping.append(Float64BeforeRestore())
         kwargs["callbacks"] = [*configured, *own, *shaping]
-        if self.row.self_test:  # the layout, the sampling and the model as configured; nothing written
+        for layer_callbacks in hooks("callbacks"):  # the layers' own (a sweep trial's pruning), after the template's
+            kwargs["callbacks"] += layer_callbacks(self.state, self.row, self.config)
+        if self.row.trainer_kwargs is not None:  # a self-test (check): the layout and model as configured, no records
             kept = [self.loaders] if self.loaders is not None else []
-            kwargs.update(check_trainer_kwargs(self.config, [*kept, *shaping]))
+            kwargs.update(hook(self.row.trainer_kwargs)(self.config, [*kept, *shaping]))
         trainer = super().instantiate_trainer(**kwargs)
-        attach_tracking(trainer, self.config.get("tracking"), self.chosen, self.command)  # fit: MLflow beside it
+        for on_trainer in hooks("on_trainer"):  # the layers' hooks on the built Trainer (tracking: MLflow beside it)
+            on_trainer(trainer, self.config, self.chosen, self.row)
         skip_idle_batch_hooks(trainer.callbacks)  # Lightning's own defaults (summary, checkpoint) included
         return trainer

@@ -31,12 +31,12 @@ from project.checkpoints.match import refuse_mismatched_checkpoint, refuse_unkno
 from project.checkpoints.resume import remove_partial_writes
 from project.commands import Builds, Command, split_command
 from project.config_errors import check_config_files
-from project.consolidate import consolidate
 from project.errors import Preempted, UserError, exit_with, run_reporting_user_errors
 from project.launch import stop_signals
 from project.launch.legacy import strip_legacy_local_rank
 from project.launch.ray import run_on_ray, submits_to_ray
 from project.launch.stop_signals import StopSignal
+from project.layers import hook
 from project.lightning_private import stop_launched_processes
 from project.parallel.collectives import leave_together
 from project.parallel.failures import defer_to_rank_zero, error_from_worker, explain_rank_failure
@@ -75,13 +75,8 @@ def execute(argv: list[str]) -> Run | None:
     """Run ``python -m project`` with ``argv`` (without the program name); the :class:`Run`, or ``None`` for plan."""
     args, legacy = strip_legacy_local_rank(argv)
     command, args = split_command(args)
-    if command.builds is Builds.DRIVER:  # the sweep: its driver starts each trial as a `fit` process
-        from project.sweep.driver import main as sweep
-
-        sweep(args)
-        return None
-    if command.builds is Builds.FILES:  # consolidate: a file operation, no config, no Trainer
-        consolidate(args)
+    if command.runner is not None:  # a layer's driver (sweep) or file operation (consolidate): no config, no Trainer
+        hook(command.runner)(args)
         return None
     check_config_files(args)
     if legacy:

@@ -51,6 +51,12 @@ class Command:
             ``check.json``.
         starts_ranks_early: ``python -m project`` may fork its CPU ranks right after the imports
             (:mod:`project.launch.early`) instead of Lightning's launcher starting them.
+        runner: ``package.module:function`` that runs a command which builds no Trainer (``function(args)``).
+        arguments: ``package.module:function`` adding the command's own options to its parser (``function(parser)``).
+        settings: ``package.module:function`` adjusting the ``parallel`` section before the layout is resolved
+            (``function(section, config) -> section``).
+        trainer_kwargs: ``package.module:function`` giving the Trainer's settings of a self-test
+            (``function(config, callbacks) -> dict``).
     """
 
     name: str
@@ -67,6 +73,10 @@ class Command:
     writes_predictions: bool = False
     self_test: bool = False
     starts_ranks_early: bool = False
+    runner: str | None = None
+    arguments: str | None = None
+    settings: str | None = None
+    trainer_kwargs: str | None = None
 
     def __post_init__(self) -> None:
         """A row that contradicts itself is a programming error, caught at import."""
@@ -74,6 +84,7 @@ class Command:
         assert runs == (self.trainer_method is not None), self.name
         assert runs or not (self.trains or self.takes_checkpoint or self.starts_ranks_early), self.name
         assert not (self.evaluates and self.trains) and (self.takes_checkpoint or not self.evaluates), self.name
+        assert (self.runner is not None) == (self.builds in (Builds.DRIVER, Builds.FILES)), self.name
 
     @property
     def builds_trainer(self) -> bool:
@@ -86,72 +97,57 @@ class Command:
         return self.trainer_method == "fit"
 
 
+#: The core's commands; each layer adds its own rows (project/layers.py, a layer's ``commands``).
+CORE_COMMANDS: tuple[Command, ...] = (
+    Command(
+        "fit",
+        "train, validate, then test the best checkpoint",
+        Builds.TRAINER,
+        "fit",
+        trains=True,
+        takes_checkpoint=True,
+        locks_run=True,
+        tracks=True,
+        tests_after=True,
+        stops_on_signal=True,
+        starts_ranks_early=True,
+    ),
+    Command(
+        "validate",
+        "evaluate a checkpoint on the validation set",
+        Builds.TRAINER,
+        "validate",
+        takes_checkpoint=True,
+        evaluates=True,
+        starts_ranks_early=True,
+    ),
+    Command(
+        "test",
+        "evaluate a checkpoint on the test set",
+        Builds.TRAINER,
+        "test",
+        takes_checkpoint=True,
+        evaluates=True,
+        starts_ranks_early=True,
+    ),
+    Command(
+        "predict",
+        "write predictions.csv for a checkpoint",
+        Builds.TRAINER,
+        "predict",
+        takes_checkpoint=True,
+        evaluates=True,
+        writes_predictions=True,
+        starts_ranks_early=True,
+    ),
+    Command("plan", "resolve the parallel layout without training (--assume_gpus N, --json)", Builds.MODEL_AND_DATA),
+)
+# At the end of the module: a layer's rows are Command instances, so their layer.py imports this module first.
+from project.layers import installed  # noqa: E402
+
+#: Every command of this checkout: the core's, then each installed layer's.
 COMMANDS: dict[str, Command] = {
-    row.name: row
-    for row in (
-        Command(
-            "fit",
-            "train, validate, then test the best checkpoint",
-            Builds.TRAINER,
-            "fit",
-            trains=True,
-            takes_checkpoint=True,
-            locks_run=True,
-            tracks=True,
-            tests_after=True,
-            stops_on_signal=True,
-            starts_ranks_early=True,
-        ),
-        Command(
-            "validate",
-            "evaluate a checkpoint on the validation set",
-            Builds.TRAINER,
-            "validate",
-            takes_checkpoint=True,
-            evaluates=True,
-            starts_ranks_early=True,
-        ),
-        Command(
-            "test",
-            "evaluate a checkpoint on the test set",
-            Builds.TRAINER,
-            "test",
-            takes_checkpoint=True,
-            evaluates=True,
-            starts_ranks_early=True,
-        ),
-        Command(
-            "predict",
-            "write predictions.csv for a checkpoint",
-            Builds.TRAINER,
-            "predict",
-            takes_checkpoint=True,
-            evaluates=True,
-            writes_predictions=True,
-            starts_ranks_early=True,
-        ),
-        Command(
-            "plan", "resolve the parallel layout without training (--assume_gpus N, --json)", Builds.MODEL_AND_DATA
-        ),
-        Command(
-            "check",
-            "self-test the layout: ranks, collectives, bandwidth, invariance, step time (check.json)",
-            Builds.TRAINER,
-            "fit",
-            self_test=True,
-            starts_ranks_early=True,
-        ),
-        Command(
-            "consolidate",
-            "merge a sharded (fsdp) checkpoint folder into one plain file (CKPT_DIR [--out FILE])",
-            Builds.FILES,
-        ),
-        Command(
-            "sweep",
-            "search hyperparameters on Optuna, each trial a fit (--sweep configs/sweeps/FILE.yaml)",
-            Builds.DRIVER,
-        ),
-    )
+    row.name: row for row in (*CORE_COMMANDS, *(row for layer in installed() for row in layer.commands))
 }
 USAGE = f"usage: python -m project {{{','.join(COMMANDS)}}} --config FILE [options]\n\n" + "".join(
     f"  {row.name:<11} {row.help}\n" for row in COMMANDS.values()

@@ -21,9 +21,9 @@ from lightning.pytorch.profilers import PassThroughProfiler
 
 from project.commands import COMMANDS
 from project.errors import UserError
+from project.layers import hooks
 from project.plan.config import MOVED_FIELDS, ParallelConfig
 from project.plan.strategies import UNNAMED_STRATEGIES
-from project.tracking.config import TrackingConfig
 
 # Trainer settings that the plan decides when `parallel` is given.
 PLAN_OWNED_TRAINER_KEYS = (
@@ -182,7 +182,7 @@ def refuse_trainer_overlap(parallel: Any, trainer: Namespace, defaults: Namespac
 
 
 def add_sections(parser: LightningArgumentParser) -> None:
-    """The sections every command takes: ``parallel``, ``tracking`` and ``--storage_options``.
+    """The sections every command takes: ``parallel``, ``--storage_options`` and each layer's (``tracking``).
 
     A run's own config.yaml holds them, so ``plan``, ``check`` and ``test`` take that file.
     """
@@ -195,18 +195,14 @@ def add_sections(parser: LightningArgumentParser) -> None:
     )
     parser.moved_options = {f"parallel.{old}": f"parallel.{new}" for old, new in MOVED_FIELDS.items()}
     parser.add_argument(
-        "--tracking",
-        type=TrackingConfig | None,
-        default=None,
-        help="Experiment tracking beside TensorBoard (fit); see configs/tracking/mlflow.yaml and docs/tracking.md.",
-    )
-    parser.add_argument(
         "--storage_options",
         type=dict[str, Any] | None,
         default=None,
         help="fsspec options of a URL save_dir or checkpoint (endpoint_url, anon, client_kwargs, ...); "
         "credentials given here are used and never written into any record (docs/checkpoints.md).",
     )
+    for add_section in hooks("sections"):  # the layers' sections (tracking)
+        add_section(parser)
 
 
 def add_run_options(parser: LightningArgumentParser, command: str) -> None:

@@ -8,6 +8,8 @@
 
 So `pytest tests/unit` and `pytest -m unit` select the same tests, and `-m "not slow"` leaves the slow lane out.
 
+A layer's tests (tests/extras/<layer>/<lane>/) get the marker of their lane folder too.
+
 The slow lane (`make test-slow`, after `make test` in CI) is tests/slow, the tests marked `slow` beside the fixtures
 they share, and the files of SLOW_FILES below: the long multi-process proofs, whose every test waits for several
 processes' start-ups, timeouts, kills and restarts. Each keeps its own lane's marker too (`-m distributed` still
@@ -35,7 +37,7 @@ SLOW_FILES = {
     "distributed/test_object_storage.py",
     # sweeps whose trials are 2-process runs: a driver killed by SIGKILL, the study continued, pruning both ranks (84 s
     # for its study alone)
-    "distributed/test_sweep_processes.py",
+    "extras/sweep/distributed/test_sweep_processes.py",
     # four stalled 2-process fits and the hang drill, each waiting out its collective timeout (66 s)
     "distributed/test_hang.py",
     # pipelines of 2 and 4 processes (pp 2, pp 2 x dp 2), their one-process references and resumes as other layouts
@@ -51,16 +53,17 @@ SLOW_FILES = {
     "cli/test_bench.py",
     "distributed/test_early_launch.py",
     "distributed/test_compile_precision.py",
-    "cli/test_sweep.py",
-    "cli/test_tracking.py",
+    "extras/sweep/cli/test_sweep.py",
+    "extras/tracking/cli/test_tracking.py",
     "distributed/test_stop_signals.py",
 }
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        parts = Path(item.fspath).resolve().relative_to(TESTS).parts
+        path = Path(item.fspath).resolve().relative_to(TESTS).parts
+        parts = path[2:] if path[0] == "extras" else path  # a layer's tests: tests/extras/<layer>/<lane>/
         if parts[0] in LANES:
             item.add_marker(parts[0])
-        if "/".join(parts) in SLOW_FILES:
+        if "/".join(path) in SLOW_FILES:
             item.add_marker("slow")

@@ -10,8 +10,8 @@ Two kinds, each installed one way:
   resume (:class:`TrainableSetCallback`), the replicas compared at every save (:class:`ReplicaGuard`), the learning-rate
   scaling and warmup when the ``parallel`` section asks for them, straggler detection on several processes,
   :class:`PredictionsWriter` on ``predict`` unless the config lists a prediction writer, and
-  :class:`ProgressBar` unless the config names a progress bar or turns it off; in a trial of
-  ``python -m project sweep``, :class:`project.sweep.pruning.SweepTrialCallback`.
+  :class:`ProgressBar` unless the config names a progress bar or turns it off;
+- each layer's (project/extras/), which the builder adds after these.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from project.callbacks.trainable_set import TrainableSetCallback
 from project.callbacks.unwrap import UnwrapEvalCallback
 from project.parallel.hang import HangRecorder
 from project.run_state import RunState
-from project.sweep.pruning import sweep_trial_callbacks
 
 __all__ = [
     "BarrierCallback",
@@ -99,5 +98,4 @@ def template_callbacks(
     own.append(HangRecorder())  # several processes: at a stall every rank's stacks in hang/, the stuck rank named
     own += [PredictionsWriter()] if predictions else []
     own += [stop] if stop is not None else []
-    own += sweep_trial_callbacks()  # a trial of `python -m project sweep` (its environment says so): report, prune
     return [*own, ProgressBar()] if progress_bar else own

@@ -1,7 +1,7 @@
 """Each row of the command table (project/commands.py) says what its command does: checked on real runs.
 
-One small training (fit, with a user's probe callback and the MLflow tracking section), then validate, test and
-predict of its ``last`` checkpoint, plan and check, all as a user types them (forked from the pre-imported CLI):
+One small training (fit, with a user's probe callback), then validate, test and predict of its ``last``
+checkpoint, and plan, all as a user types them (forked from the pre-imported CLI):
 the probe (tests/command_probe.py) notes at each Trainer entry point whether the process holds the run's lock, and
 which of the template's callbacks the command added; the files each command leaves are compared with its row.
 """
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from project.commands import COMMANDS, Builds
+from project.layers import hook
 
-from helpers import DIGITS, FAST, REPO, assert_clean_error, run_cli
+from helpers import DIGITS, FAST, assert_clean_error, run_cli
 
 SMALL = ["--config", DIGITS, "--config", FAST, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2"]
 SMALL += [
@@ -27,7 +28,6 @@ SMALL += [
     "1",
 ]
 PROBE = ["--trainer.callbacks+=command_probe.CommandProbe"]
-MLFLOW = ["--config", str(REPO / "configs" / "tracking" / "mlflow.yaml")]
 EVALUATIONS = ("validate", "test", "predict")
 
 
@@ -46,8 +46,7 @@ def runs(tmp_path_factory) -> dict[str, list[dict]]:
     notes = {}
     for name in ("fit", *EVALUATIONS):
         extra = ["--ckpt_path", "last"] if name != "fit" else []
-        tracked = MLFLOW if name in ("fit", "validate") else []  # the section is there; only a tracking row uses it
-        result = run_cli([name, *SMALL, *PROBE, *tracked, *extra], cwd)
+        result = run_cli([name, *SMALL, *PROBE, *extra], cwd)
         assert result.returncode == 0, result.stderr[-3000:]
         notes[name] = _facts(cwd)
     notes["files"] = [str(path.relative_to(cwd)) for path in sorted(cwd.rglob("*"))]
@@ -61,7 +60,6 @@ def test_fit_trains_holds_the_lock_is_tracked_stops_on_a_signal_and_tests_after(
     assert (fit["locks_run"], fit["tracks"], fit["stops_on_signal"]) == (row.locks_run, row.tracks, row.stops_on_signal)
     assert fit["writes_predictions"] == row.writes_predictions
     assert [note["method"] for note in after] == (["test"] if row.tests_after else [])
-    assert any(name.endswith("mlflow.db") for name in runs["files"]), runs["files"]
 
 
 @pytest.mark.parametrize("name", EVALUATIONS)
@@ -92,23 +90,12 @@ def test_plan_builds_no_trainer_and_writes_nothing(tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == [], "plan writes nothing, not even a run directory"
 
 
-def test_check_runs_fit_writes_only_its_report_and_takes_no_checkpoint(tmp_path):
-    row = COMMANDS["check"]
-    assert row.self_test and row.steps_optimizer and not row.takes_checkpoint
-    result = run_cli(["check", *SMALL, "--steps", "2"], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["check.json"]
-    refused = run_cli(["check", *SMALL, "--ckpt_path", "last"], tmp_path)
-    assert refused.returncode != 0 and "--ckpt_path" in refused.stderr
-
-
 @pytest.mark.filterwarnings("ignore:LightningCLI's args parameter is intended")  # given on purpose, as cli.py does
 @pytest.mark.parametrize("name", [name for name, row in COMMANDS.items() if row.builds is not Builds.FILES])
 def test_each_commands_options_are_what_its_row_says(name, capsys):
     """``python -m project NAME --help``, in-process: the options a row's facts add, and only those."""
-    if COMMANDS[name].builds is Builds.DRIVER:
-        pytest.importorskip("optuna")
-        from project.sweep.driver import main as command
+    if COMMANDS[name].runner is not None:  # a layer's driver (the sweep) parses its own options
+        command = hook(COMMANDS[name].runner)
     else:
         from project.build import ProjectCLI
 
@@ -124,5 +111,4 @@ def test_each_commands_options_are_what_its_row_says(name, capsys):
     assert ("--resume" in shown) == row.trains
     assert ("--test_after_fit" in shown) == row.tests_after
     assert ("--assume_gpus" in shown) == (row.builds is Builds.MODEL_AND_DATA)
-    assert ("--join_timeout_s" in shown) == row.self_test
     assert ("--trainer" in shown) == (row.builds is not Builds.DRIVER)

@@ -8,6 +8,7 @@ Cases about GPU ids use ``plan --assume_gpus N``: the same resolution ``fit`` ru
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import time
@@ -194,15 +195,6 @@ CASES = {
         ("shards.ckpt", "incomplete sharded", "no .metadata"),
         absent=("give a file inside it",),
     ),
-    "store-uri-with-a-password": Case(
-        ("fit", *BASE, "--tracking.logger", "mlflow", "--tracking.tracking_uri", "http://me:s3cret@127.0.0.1:9"),
-        ("MLflow cannot use the store http://me:***@127.0.0.1:9",),
-        absent=("s3cret",),
-    ),
-    "sweep-space-the-base-config-does-not-take": Case(
-        ("sweep", "--config", DIGITS, "--config", FAST, "--sweep", "{tmp}/typo.yaml"),
-        ("does not take the sweep's keys", "learning_rate"),
-    ),
     # Issue 35: each strategy's options moved into its subsection; an old flat name says its new one.
     "old-flat-name-on-the-command-line": Case(
         ("fit", *BASE, "--parallel.sharding", "hybrid"),
@@ -214,10 +206,6 @@ CASES = {
         ("parallel.broadcast_buffers is now parallel.ddp.broadcast_buffers", "`broadcast_buffers:` under `ddp:`"),
         absent=("unknown option",),
     ),
-    "old-flat-name-in-a-sweep-space": Case(
-        ("sweep", "--config", DIGITS, "--config", FAST, "--sweep", "{tmp}/old_space.yaml"),
-        ("old_space.yaml", "does not take the sweep's keys", "parallel.async_save is now parallel.fsdp.async_save"),
-    ),
     "option-of-another-subsection-in-a-config-file": Case(
         ("fit", *BASE, "--config", "{tmp}/wrong_subsection.yaml"),
         ("unknown option 'sharding' in parallel.ddp; it is parallel.fsdp.sharding",),
@@ -227,6 +215,26 @@ CASES = {
         ("fit", *BASE, "--parallel.fsdp.shards", "2"), ("unknown option 'shards' in parallel.fsdp",)
     ),
 }
+
+
+def layer_cases() -> tuple[dict[str, Case], dict[str, str]]:
+    """Each installed layer's bad inputs (``tests/extras/<layer>/bad_input.py``: ``CASES`` and the ``FILES`` they read).
+
+    Found on disk, as the core finds the layers: a stripped layer's cases go with it.
+    """
+    cases: dict[str, Case] = {}
+    files: dict[str, str] = {}
+    for path in sorted((Path(__file__).resolve().parents[1] / "extras").glob("*/bad_input.py")):
+        spec = importlib.util.spec_from_file_location(f"bad_input_{path.parent.name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        cases.update({name: Case(**fields) for name, fields in module.CASES.items()})
+        files.update(getattr(module, "FILES", {}))
+    return cases, files
+
+
+LAYER_CASES, LAYER_FILES = layer_cases()
+CASES.update(LAYER_CASES)
 # Config files for the cases above: a module that logs no val/acc; a net_attribute that does not exist.
 MODEL_ATTRIBUTE_YAML = """model:
   class_path: user_code.ModelAttributeClassifier
@@ -267,12 +275,10 @@ def run_case(name: str, case: Case, template: Path, root: Path) -> dict:
     (cwd / "predictions.csv").write_text("index,prediction\n0,3\n")
     (cwd / "net_attribute.yaml").write_text(NET_ATTRIBUTE_YAML)
     (cwd / "model_attribute.yaml").write_text(MODEL_ATTRIBUTE_YAML)
-    (cwd / "typo.yaml").write_text("parameters:\n  optimizer.init_args.learning_rate: {type: float, low: 0.1, high: 1}")
     (cwd / "old_names.yaml").write_text("parallel:\n  scenario: cpu\n  broadcast_buffers: false\n")
     (cwd / "wrong_subsection.yaml").write_text("parallel:\n  ddp:\n    sharding: full\n")
-    (cwd / "old_space.yaml").write_text(
-        "parameters:\n  parallel.async_save: {type: categorical, choices: [true, false]}"
-    )
+    for file, text in LAYER_FILES.items():
+        (cwd / file).write_text(text)
     (cwd / "loop.ckpt").symlink_to(cwd / "loop.ckpt")
     (cwd / "shards.ckpt").mkdir()  # a sharded checkpoint's shards and meta.pt, without DCP's .metadata
     for name in ("__0_0.distcp", "__1_0.distcp", "meta.pt"):

@@ -31,8 +31,8 @@ from project.checkpoints import sharded
 from project.checkpoints.resume import RunName, choose_checkpoint, find_resume_checkpoint, remove_partial_writes
 from project.checkpoints.sharded import merge as sharded_merge
 from project.checkpoints.sharded import save as sharded_save
-from project.consolidate import consolidate
 from project.errors import UserError
+from project.extras.sharding.consolidate import consolidate
 from project.models.classifier import Classifier
 from project.models.digits_net import DigitsNet
 from project.parallel.fsdp.units import default_wrap_classes, plan_units, resolve_wrap_classes, sharded_roots

@@ -19,8 +19,8 @@ from project.checkpoints import sharded
 from project.checkpoints.sharded import load as sharded_load
 from project.checkpoints.sharded import merge as sharded_merge
 from project.checkpoints.sharded import save as sharded_save
-from project.consolidate import consolidate
 from project.errors import UserError
+from project.extras.sharding.consolidate import consolidate
 
 from helpers import CONFIGS, DIGITS, FAST, read_scalars, run_cli, run_dirs, two_at_a_time
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from project.commands import COMMANDS, Builds, command_of, split_command
+from project.commands import COMMANDS, CORE_COMMANDS, Builds, command_of, split_command
 from project.errors import UserError
 from project.launch.preparse import processes_to_start
+from project.layers import installed
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The most comparisons of a command name with a string the house allows outside project/commands.py.
@@ -81,12 +82,14 @@ def test_at_most_three_comparisons_of_a_command_name_outside_the_table():
 
 
 def test_every_command_has_one_row_and_the_help_lists_them():
-    assert list(COMMANDS) == ["fit", "validate", "test", "predict", "plan", "check", "consolidate", "sweep"]
+    core = ["fit", "validate", "test", "predict", "plan"]
+    layers = [row.name for layer in installed() for row in layer.commands]  # check, consolidate, sweep: layers' rows
+    assert list(COMMANDS) == [*core, *layers] and list(CORE_COMMANDS) == [COMMANDS[name] for name in core]
     assert all(row.name == name for name, row in COMMANDS.items())
     row, rest = split_command(["predict", "--config", "x.yaml"])
     assert (row, rest) == (COMMANDS["predict"], ["--config", "x.yaml"])
     assert command_of([]) is None and command_of(["--help"]) is None
-    with pytest.raises(UserError, match=r"unknown command 'train'; use one of fit, validate, .* sweep"):
+    with pytest.raises(UserError, match=r"unknown command 'train'; use one of fit, validate, test, predict, plan"):
         split_command(["train"])
 
 
@@ -94,14 +97,11 @@ def test_only_fit_trains_locks_tracks_tests_after_and_stops_on_a_signal():
     """The facts the old if-chains asked of ``fit`` alone."""
     for fact in ("trains", "locks_run", "tracks", "tests_after", "stops_on_signal"):
         assert [name for name, row in COMMANDS.items() if getattr(row, fact)] == ["fit"], fact
-    assert [name for name, row in COMMANDS.items() if row.steps_optimizer] == ["fit", "check"]
+    assert [name for name, row in COMMANDS.items() if row.steps_optimizer and not row.self_test] == ["fit"]
     assert [name for name, row in COMMANDS.items() if row.evaluates] == ["validate", "test", "predict"]
     assert [name for name, row in COMMANDS.items() if row.writes_predictions] == ["predict"]
-    assert {row.builds for row in COMMANDS.values() if not row.builds_trainer} == {
-        Builds.MODEL_AND_DATA,
-        Builds.FILES,
-        Builds.DRIVER,
-    }
+    assert {row.builds for row in CORE_COMMANDS if not row.builds_trainer} == {Builds.MODEL_AND_DATA}
+    assert all(row.runner is not None for row in COMMANDS.values() if row.builds in (Builds.FILES, Builds.DRIVER))
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))

@@ -17,7 +17,7 @@ from helpers import REPO
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
-PAGES = sorted(DOCS.glob("*.md"))
+PAGES = sorted(DOCS.glob("*.md")) + sorted(DOCS.glob("extras/*.md"))  # the layers' pages too
 MARKDOWN = [README, *PAGES]
 
 FENCE = re.compile(r"^\s*(```|~~~)")
@@ -128,7 +128,7 @@ def test_there_is_a_manual():
     names = {page.name for page in PAGES}
     assert {"index.md", "adding-a-scenario.md"} <= names, names
     assert {"train", "test", "setup"} <= make_targets(), sorted(make_targets())
-    assert "fit" in project_commands() and "consolidate" in project_commands(), sorted(project_commands())
+    assert "fit" in project_commands() and "plan" in project_commands(), sorted(project_commands())
 
 
 def test_readme_is_short_and_links_every_docs_page():

@@ -19,8 +19,9 @@ PACKAGE = ROOT / "project"
 #: Bottom to top; a module may import from its own floor and the floors below. Longest prefix wins.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("project.errors", "project.config_errors", "project.parser_stubs", "project.data", "project.dotted"),
-    # The sweep's space file and its driver/trial contract: pure, read by both sides of the process boundary.
-    ("project.plan", "project.sweep.space", "project.sweep.contract"),
+    ("project.plan",),
+    # The command table reads the layers' rows (project.layers lists project/extras/ on disk, naming no layer).
+    ("project.layers",),
     ("project.launch", "project.commands"),
     # Run records and checkpoints in object storage (fsspec URL, commit-then-point, lease): under every writer.
     ("project.storage",),
@@ -33,18 +34,16 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "project.program_inputs",
         "project.program_check",
         "project.export",
-        "project.consolidate",
         "project.models",
     ),
-    ("project.callbacks", "project.sweep.pruning"),
-    ("project.tracking",),
-    ("project.check",),
+    ("project.callbacks",),
     ("project.run_config",),
     ("project.build",),
-    # The sweep's driver starts `fit` processes; it imports nothing that trains (no torch, no Lightning).
-    ("project.plan_command", "project.sweep"),
+    ("project.plan_command",),
     ("project.cli",),
     ("project.__main__",),
+    # The layers: each may import the core, any floor of it; the core never imports them (test_core_shape).
+    ("project.extras",),
 )
 #: Rooms whose modules must not import one another's floors at all, whatever the order (the process boundary).
 PURE_ROOM = "project.plan"

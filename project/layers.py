@@ -1,0 +1,68 @@
+"""The optional layers: one folder each under ``project/extras/``, plugged into the core's tables.
+
+The core names no layer. It lists the ``extras`` folder beside this file and reads each sub-folder's
+``layer.py``, whose ``LAYER`` says what the layer adds: command rows, config sections, callbacks, a hook on the
+built Trainer. Everything a row or hook points to is an import path, imported only when it is used, so listing the
+layers costs no Lightning import (``python -m project --help`` reads the command rows). Removing a layer's folder
+(``make strip EXTRAS=name``) removes its rows, sections and callbacks with it; nothing in the core changes.
+
+A ``layer.py`` imports only this module, :mod:`project.commands` and the standard library.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+#: Where the layers live, as a folder beside this module (the only place the core says where they are).
+EXTRAS = Path(__file__).resolve().parent / "extras"
+
+
+@dataclass(frozen=True)
+class Layer:
+    """What one layer adds to the core; every hook is an import path (``package.module:function``).
+
+    Attributes:
+        name: The layer's folder (``sweep``).
+        adds: One line for ``make strip``'s table: what the layer adds to the template.
+        commands: Rows of the command table (a runner or an argument hook named by import path).
+        sections: ``add(parser)`` hooks: config sections or options every command's parser takes.
+        callbacks: ``callbacks(state, row, config) -> list[Callback]`` hooks, run for every Trainer the CLI builds,
+            after the template's own callbacks.
+        on_trainer: ``hook(trainer, config, chosen, row)`` run on the built Trainer (e.g. a logger beside it).
+        requires: Other layers this one imports (``make strip`` removes it with any of them).
+    """
+
+    name: str
+    adds: str
+    commands: tuple[Any, ...] = ()  # project.commands.Command rows (commands.py imports this module)
+    sections: tuple[str, ...] = ()
+    callbacks: tuple[str, ...] = ()
+    on_trainer: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+
+
+@cache
+def installed() -> tuple[Layer, ...]:
+    """The layers present in this checkout, by folder name (a folder without ``layer.py`` is not a layer)."""
+    found = []
+    for folder in sorted(EXTRAS.iterdir()) if EXTRAS.is_dir() else ():
+        if (folder / "layer.py").is_file():
+            module = importlib.import_module(f"{__package__}.extras.{folder.name}.layer")
+            found.append(module.LAYER)
+    return tuple(found)
+
+
+def hook(path: str) -> Callable[..., Any]:
+    """The function an import path (``package.module:function``) names, imported now."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def hooks(kind: str) -> list[Callable[..., Any]]:
+    """Every installed layer's hooks of one kind (``sections``, ``callbacks``, ``on_trainer``), in layer order."""
+    return [hook(path) for layer in installed() for path in getattr(layer, kind)]
