@@ -116,7 +116,7 @@ def add_tracking_section(parser: Any) -> None:
         "--tracking",
         type=TrackingConfig | None,
         default=None,
-        help="Experiment tracking beside TensorBoard (fit); see configs/tracking/mlflow.yaml and docs/extras/tracking.md.",
+        help="Experiment tracking beside TensorBoard (fit); configs/tracking/mlflow.yaml, docs/extras/tracking.md.",
     )
 
 
