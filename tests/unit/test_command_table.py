@@ -59,17 +59,17 @@ def test_the_count_finds_each_way_of_comparing_a_command_name():
     """The counter can fail: the forms the code used before the table are each found; Lightning's stage is not."""
     before = """
 if command == "fit": pass
-if self.command not in ("plan", "check"): pass
-if sys.argv[1:2] == ["sweep"]: pass
-if "consolidate" != name: pass
+if self.command not in ("plan", "predict"): pass
+if sys.argv[1:2] == ["test"]: pass
+if "validate" != name: pass
 if stage == "fit" or trainer.state.fn == "validate": pass
 if name == "fitness" or row.trains: pass
 """
     assert [line.split(": ", 1)[1] for line in command_comparisons(before)] == [
         "command == 'fit'",
-        "self.command not in ('plan', 'check')",
-        "sys.argv[1:2] == ['sweep']",
-        "'consolidate' != name",
+        "self.command not in ('plan', 'predict')",
+        "sys.argv[1:2] == ['test']",
+        "'validate' != name",
     ]
 
 
