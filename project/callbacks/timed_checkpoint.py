@@ -15,6 +15,14 @@ One process reads its clock after every step (about a microsecond) and needs no 
 So the save comes at most one step after ``every_s`` while the step rate holds; if steps become k times
 slower, up to k x ``every_s / 10`` late (one check interval planned at the old rate). Every save is made
 right after an optimizer step, never between accumulated micro-batches, so the run resumes from it exactly.
+
+The epoch-end save is made after the next epoch's first optimizer step, not in ``on_train_epoch_end`` as
+``ModelCheckpoint`` makes it: there, Lightning 2.6 has counted the epoch as processed but not completed and has not
+yet stepped the epoch's learning-rate schedulers, and a resume from such a file skips the next epoch's steps and
+the schedulers' epoch step (a plain ``ModelCheckpoint(save_last=True)`` run killed in epoch 1 and resumed ends 19
+steps short). Saved before that first step (``on_train_batch_start``), Lightning's resume counts the logging steps
+one ahead. After it, every epoch-end hook, the validation and the schedulers have run, and the file is an ordinary
+mid-epoch one, which resumes exactly. A fit that ends at an epoch end saves its final step in ``on_train_end``.
 """
 
 from __future__ import annotations
@@ -120,6 +128,7 @@ class TimedCheckpoint(ModelCheckpoint):
         self._start_step = 0
         self._next_check = 0
         self._active = True  # False under fast_dev_run (no checkpoints, as ModelCheckpoint)
+        self._epoch_end_due = False  # an epoch ended whose save waits for the next epoch's first step
         self._one_process = True
         # Lightning builds the state key around every hook of every callback, each step; ModelCheckpoint's is
         # a dict repr (about 3 us). It depends on the file only, so that changing the interval keeps the state.
@@ -140,6 +149,20 @@ class TimedCheckpoint(ModelCheckpoint):
         if self.schedule is not None:
             self.schedule.start(trainer.global_step)
 
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """An epoch that ends is saved after the next epoch's first step (or at the end of fit): see the module doc."""
+        self._note_epoch_end(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Nothing is saved at a validation: an epoch-end one is noted as the epoch's end, the others by the clock."""
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            self._note_epoch_end(trainer)
+
+    def _note_epoch_end(self, trainer: L.Trainer) -> None:
+        every = self._every_n_epochs
+        if not self._should_skip_saving_checkpoint(trainer) and every >= 1 and (trainer.current_epoch + 1) % every == 0:
+            self._epoch_end_due = True
+
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         """Any checkpoint (this one, an epoch end, the best) restarts the count: a restart could resume from it."""
         if self.schedule is not None:
@@ -153,7 +176,7 @@ class TimedCheckpoint(ModelCheckpoint):
         if step == self._seen_step or not self._active:  # a micro-batch that did not step (accumulation)
             return
         self._seen_step = step
-        save = self.every_n_steps is not None and step % self.every_n_steps == 0
+        save = self._epoch_end_due or (self.every_n_steps is not None and step % self.every_n_steps == 0)
         if self.schedule is not None:
             if self._one_process:
                 save = save or self.schedule.due()
@@ -182,7 +205,7 @@ class TimedCheckpoint(ModelCheckpoint):
         # As ModelCheckpoint does: the path is set first, since it is part of the state being saved.
         previous, self.best_model_path = self.best_model_path, filepath
         trainer.save_checkpoint(filepath, self.save_weights_only)
-        self._last_global_step_saved = trainer.global_step
+        self._last_global_step_saved, self._epoch_end_due = trainer.global_step, False
         if previous and previous != filepath:
             trainer.strategy.remove_checkpoint(previous)
         if trainer.is_global_zero:

@@ -17,13 +17,16 @@ import torch
 from project.checkpoints.resume import RunName, choose_checkpoint, find_resume_checkpoint
 from project.errors import UserError
 
-from helpers import CPU_DDP, FAST, every_10_steps, read_scalars, run_cli, run_dirs
+from helpers import CPU_DDP, DIGITS, FAST, every_10_steps, read_scalars, run_cli, run_dirs
 
 # 19 steps per epoch on one process, 9 on two; last.ckpt every 10 steps and at every epoch end.
 STEPS = every_10_steps()
 SHORT = ["--config", FAST, "--trainer.max_epochs", "3", "--trainer.limit_val_batches", "2", "--test_after_fit", "false"]
 ONE = ["fit", "--config", STEPS, *SHORT, "--trainer.max_steps", "40"]
 TWO = ["fit", "--config", STEPS, "--config", CPU_DDP, *SHORT, "--trainer.max_steps", "25"]
+# configs/digits.yaml as it is (dropout, BatchNorm; last.ckpt by time and at every epoch end): a kill in epoch 1
+# resumes from the save of epoch 0's end.
+EPOCHS = ["fit", "--config", DIGITS, *SHORT, "--trainer.max_steps", "40"]
 RUN = Path("logs/digits/version_0")
 
 
@@ -123,6 +126,23 @@ def test_sigkill_mid_epoch_then_resume_auto_is_bit_exact_on_one_process(tmp_path
     assert run_dirs(tmp_path) == [tmp_path / RUN]
     assert train_loss(tmp_path) == train_loss(uninterrupted_one)
     assert_same_weights(checkpoint(tmp_path), checkpoint(uninterrupted_one))
+
+
+def test_a_resume_from_the_epoch_end_save_is_bit_exact_with_dropout_and_batch_norm(tmp_path_factory):
+    """The epoch-end checkpoint (dropout 0.1, BatchNorm): the resumed run trains every step of the next epochs.
+
+    Saved where ModelCheckpoint saves it (``on_train_epoch_end``), Lightning 2.6 resumes it one epoch short and
+    without the schedulers' epoch step; TimedCheckpoint saves it after the next epoch's first step (20) instead.
+    """
+    straight, cwd = tmp_path_factory.mktemp("straight"), tmp_path_factory.mktemp("killed")
+    assert run_cli(EPOCHS, straight).returncode == 0
+    killed = run_cli([*EPOCHS, callback("faults.KillAtStep", step=25, rank=0)], cwd)
+    assert killed.returncode == -9, killed.stderr
+    resumed = run_cli([*EPOCHS, "--resume", "auto"], cwd)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"Resuming from {RUN}/checkpoints/last.ckpt (epoch 1, step 20)" in resumed.stderr
+    assert train_loss(cwd) == train_loss(straight)
+    assert_same_weights(checkpoint(cwd), checkpoint(straight))
 
 
 @pytest.mark.distributed
