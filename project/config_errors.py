@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 from collections.abc import Mapping
@@ -12,6 +13,7 @@ from typing import NoReturn
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser
 
+from project.dotted import import_failure
 from project.errors import UserError, debug_enabled, exit_with
 
 
@@ -27,6 +29,9 @@ class ProjectArgumentParser(LightningArgumentParser):
         if not self.exit_on_error or debug_enabled():
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
+        failed = class_path_failure(message)
+        if failed:  # the user's module: the import error is the fix, not the parser's --help
+            exit_with(UserError(failed))
         detail = (
             _unknown_option(message, self.moved_options)
             or _bad_choice(message)
@@ -44,6 +49,46 @@ _UNKNOWN = (
     re.compile(r"Group '(?P<group>[^']+)' does not accept option '(?P<option>[^']+)'"),
     re.compile(r"unrecognized arguments: --(?P<group>[\w.]+)\.(?P<option>\w+)[= ]"),
 )
+
+
+# Where jsonargparse's report names a class path it tried: "Problem with given class_path 'a.B'", a config file's
+# {'class_path': 'a.B'}, --data.class_path's NestedArg(key='class_path', val='a.B'), --model's "a path but a.B".
+_CLASS_PATHS = re.compile(
+    r"class_path '(?P<a>[\w.]+)'|class_path['\"]: ['\"](?P<b>[\w.]+)|class_path', val='(?P<c>[\w.]+)'"
+    r"|Expected a path but (?P<d>[\w.]+) either"
+)
+
+
+def class_path_failure(message: str, argv: list[str] | None = None) -> str | None:
+    """A class path in jsonargparse's report that does not import, and why: the module, the error, its line.
+
+    jsonargparse reports a class path that fails to import as a value of the wrong type ("model=... is not
+    LightningModule"); the import error itself is what the user needs: "--model a.B: module a has no class B".
+    """
+    for found in _CLASS_PATHS.finditer(message):
+        path = next(group for group in found.groups() if group)
+        failure = import_failure(path) if "." in path else None
+        if failure is None:
+            continue
+        args = sys.argv[1:] if argv is None else argv
+        given = [(a, b) for a, b in itertools.pairwise(args) if a.startswith("--") and "=" not in a]
+        given += [tuple(a.split("=", 1)) for a in args if a.startswith("--") and "=" in a]
+        flag = next((option for option, value in given if path in value and option != "--config"), None)
+        if flag:
+            return f"{flag} {path}: {failure}"
+        keys = re.findall(r'Parser key "([^"]+)"', message[: found.start()])
+        files = [f for f in _config_files(args) if path in f or path in _text_of(f)]
+        where = "in a config file" if not files else "in --config" if path in files[-1] else f"in {files[-1]}"
+        return f"{'.init_args.'.join(keys) or 'a'} class_path {path} ({where}): {failure}"
+    return None
+
+
+def _text_of(file: str) -> str:
+    """A config file's text; "" for an inline config or a file that cannot be read."""
+    try:
+        return Path(file).read_text()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def _unknown_option(message: str, moved: Mapping[str, str]) -> str | None:
@@ -122,15 +167,15 @@ def root_cause(error: BaseException) -> str:
     return reasons[0] if reasons else str(error).splitlines()[0]
 
 
+def _config_files(args: list[str]) -> list[str]:
+    """The values of ``--config``/``-c`` on a command line, in order (a file's name or an inline config)."""
+    found = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg in ("-c", "--config")]
+    return found + [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
+
+
 def check_config_files(args: list[str]) -> None:
     """Refuse a missing or unparsable ``--config`` file with its name, before LightningCLI reads it."""
-    for i, arg in enumerate(args):
-        if arg in ("-c", "--config") and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith("--config="):
-            value = arg.split("=", 1)[1]
-        else:
-            continue
+    for value in _config_files(args):
         path = Path(value)
         if value.lstrip().startswith("{") or (not path.suffix and not path.exists()):
             continue  # an inline config, not a file

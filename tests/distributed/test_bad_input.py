@@ -29,6 +29,7 @@ SECONDS = 60
 BASE = ["--config", DIGITS, "--config", FAST]
 RUN = "logs/digits/version_0"
 FORK = str(CONFIGS / "parallel" / "fork.yaml")
+OWN = ("--config", str(CONFIGS / "own_module.yaml"), "--config", FAST)
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,34 @@ CASES = {
     "unknown-subsection-option-on-the-command-line": Case(
         ("fit", *BASE, "--parallel.fsdp.shards", "2"), ("unknown option 'shards' in parallel.fsdp",)
     ),
+    # Issue 44: the user's own class path that does not import says which module failed and why.
+    "own-class-name-typo": Case(
+        ("fit", *OWN, "--model", "waves1d.WaveModul"),
+        ("--model waves1d.WaveModul: module waves1d (waves1d.py) has no class WaveModul", "did you mean WaveModule"),
+        absent=("is not LightningModule", "--help"),
+    ),
+    "own-module-not-on-the-path": Case(
+        ("fit", *OWN, "--model", "nowhere1d.WaveModule"),
+        ("cannot import module nowhere1d (No module named 'nowhere1d')", "the folder that holds nowhere1d/"),
+    ),
+    "own-module-missing-a-dependency": Case(
+        ("fit", *OWN, "--model", "waves1d.WaveModule", "--data", "needs_dep.WaveData"),
+        ("--data needs_dep.WaveData: module needs_dep", "No module named 'not_installed_dep'", "(needs_dep.py:1)"),
+    ),
+    "own-module-syntax-error": Case(
+        ("fit", *OWN, "--model", "broken_syntax.WaveModule"),
+        ("module broken_syntax has a syntax error", "(broken_syntax.py:2)"),
+    ),
+    "own-module-raises-in-a-config-file": Case(
+        ("fit", *OWN, "--config", "{tmp}/own_model.yaml"),
+        ("model class_path raises_inside.WaveModule (in", "own_model.yaml)", "ValueError: bad setting"),
+        absent=("is not LightningModule",),
+    ),
+    "own-callback-does-not-import": Case(
+        ("fit", *OWN, "--model", "waves1d.WaveModule", "--config", "{tmp}/own_callback.yaml"),
+        ("trainer.callbacks class_path waves1d.WaveCallback", "module waves1d (waves1d.py) has no class WaveCallback"),
+        absent=("is not Callback",),
+    ),
 }
 
 
@@ -248,6 +277,16 @@ NET_ATTRIBUTE_YAML = """trainer:
         net_attribute: body
 """
 
+# The user's own modules in the case's folder (first on sys.path): one defines WaveModule, the others fail to import.
+USER_MODULES = {
+    "waves1d.py": "import lightning.pytorch as pl\n\n\nclass WaveModule(pl.LightningModule):\n    pass\n",
+    "needs_dep.py": "import not_installed_dep\n",
+    "broken_syntax.py": "import torch\ndef f(:\n    pass\n",
+    "raises_inside.py": "import torch\nraise ValueError('bad setting')\n",
+    "own_model.yaml": "model:\n  class_path: raises_inside.WaveModule\n",
+    "own_callback.yaml": "trainer:\n  callbacks:\n    - class_path: waves1d.WaveCallback\n",
+}
+
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``folder`` with its size and modification time."""
@@ -277,7 +316,7 @@ def run_case(name: str, case: Case, template: Path, root: Path) -> dict:
     (cwd / "model_attribute.yaml").write_text(MODEL_ATTRIBUTE_YAML)
     (cwd / "old_names.yaml").write_text("parallel:\n  scenario: cpu\n  broadcast_buffers: false\n")
     (cwd / "wrong_subsection.yaml").write_text("parallel:\n  ddp:\n    sharding: full\n")
-    for file, text in LAYER_FILES.items():
+    for file, text in {**USER_MODULES, **LAYER_FILES}.items():
         (cwd / file).write_text(text)
     (cwd / "loop.ckpt").symlink_to(cwd / "loop.ckpt")
     (cwd / "shards.ckpt").mkdir()  # a sharded checkpoint's shards and meta.pt, without DCP's .metadata
