@@ -57,8 +57,8 @@ from project.run_config import (
     wants_template_progress_bar,
 )
 from project.run_state import RunState
+from project.run_store import open_run
 from project.runs import run_of_config
-from project.storage.run import use_store
 
 # LightningCLI warns when it is given args while sys.argv has some; main() passes what it parsed on purpose.
 warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
@@ -100,7 +100,7 @@ class ProjectCLI(LightningCLI):
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """The ``parallel`` and ``tracking`` sections, ``--storage_options``, and this command's run options."""
+        """The ``parallel`` section, the layers' sections, and this command's run options."""
         add_sections(parser)
         if not self.row.builds_trainer:  # plan
             parser.add_argument("--assume_gpus", type=int | None, default=None, help="Plan for a machine with N GPUs.")
@@ -118,7 +118,7 @@ class ProjectCLI(LightningCLI):
         if self.row.builds_trainer:
             refuse_stray_rank(environment)
         if self.row.takes_checkpoint:
-            use_store(config)  # save_dir a URL: its scratch cache; storage_options read, then redacted
+            open_run(config)  # save_dir a URL: its store's local cache (a layer's); refused without one
             run = run_of_config(config.get("config") or [])
             self.chosen = choose_checkpoint(self.command, config.ckpt_path, config.get("resume"), config.trainer, run)
         parallel = config.get("parallel")

@@ -44,8 +44,8 @@ from project.plan.launchers import LEGACY_FLAG_ENV
 from project.plan_command import print_plan
 from project.run_guard import RunDirectoryGuard
 from project.run_lock import TrainingLock
+from project.run_store import active
 from project.runs import run_directory
-from project.storage.location import shown
 
 
 @dataclass
@@ -195,7 +195,7 @@ def say_where_the_run_went(trainer: L.Trainer) -> None:
     """``Run directory: logs/<name>/version_<n>`` (rank 0); ``s3://.../version_<n> (cache: ...)`` in a store."""
     log_dir = run_directory(trainer)
     if trainer.is_global_zero and log_dir and Path(log_dir).is_dir():
-        print(f"Run directory: {shown(log_dir)}", flush=True)  # in object storage: its URL, then the cache
+        print(f"Run directory: {active().shown(log_dir)}", flush=True)  # in object storage: its URL, then the cache
 
 
 def leave_process_group() -> None:

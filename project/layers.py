@@ -35,6 +35,8 @@ class Layer:
             after the template's own callbacks.
         on_trainer: ``hook(trainer, config, chosen, row)`` run on the built Trainer (e.g. a logger beside it).
         requires: Other layers this one imports (``make strip`` removes it with any of them).
+        run_stores: :class:`project.run_store.RunStore` subclasses serving run directories given as URLs (each
+            its ``schemes``), instantiated once when a command first needs one.
     """
 
     name: str
@@ -44,6 +46,7 @@ class Layer:
     callbacks: tuple[str, ...] = ()
     on_trainer: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
+    run_stores: tuple[str, ...] = ()
 
 
 @cache
@@ -64,5 +67,5 @@ def hook(path: str) -> Callable[..., Any]:
 
 
 def hooks(kind: str) -> list[Callable[..., Any]]:
-    """Every installed layer's hooks of one kind (``sections``, ``callbacks``, ``on_trainer``), in layer order."""
+    """Every installed layer's hooks of one kind (``sections``, ``callbacks``, ``run_stores``...), in layer order."""
     return [hook(path) for layer in installed() for path in getattr(layer, kind)]

@@ -182,7 +182,7 @@ def refuse_trainer_overlap(parallel: Any, trainer: Namespace, defaults: Namespac
 
 
 def add_sections(parser: LightningArgumentParser) -> None:
-    """The sections every command takes: ``parallel``, ``--storage_options`` and each layer's (``tracking``).
+    """The sections every command takes: ``parallel`` and each layer's (``tracking``, ``--storage_options``).
 
     A run's own config.yaml holds them, so ``plan``, ``check`` and ``test`` take that file.
     """
@@ -194,13 +194,6 @@ def add_sections(parser: LightningArgumentParser) -> None:
         "null leaves the layout to the trainer settings (plain Lightning).",
     )
     parser.moved_options = {f"parallel.{old}": f"parallel.{new}" for old, new in MOVED_FIELDS.items()}
-    parser.add_argument(
-        "--storage_options",
-        type=dict[str, Any] | None,
-        default=None,
-        help="fsspec options of a URL save_dir or checkpoint (endpoint_url, anon, client_kwargs, ...); "
-        "credentials given here are used and never written into any record (docs/checkpoints.md).",
-    )
     for add_section in hooks("sections"):  # the layers' sections (tracking)
         add_section(parser)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from project.errors import UserError
+from project.run_store import active
 from project.runs import reserve_run_directory
-from project.storage.run import unreserve
 
 if TYPE_CHECKING:
     import lightning as L
@@ -76,7 +76,7 @@ class RunDirectoryGuard:
             return
         chain = (self.run_dir, self.run_dir.parent, self.run_dir.parent.parent)
         if self.run_dir not in self.existed:
-            unreserve(self.run_dir)  # a run directory in object storage: its reservation there too
+            active().unreserve(self.run_dir)  # a run directory in object storage: its reservation there too
         added = [p for p in self.run_dir.rglob("*") if p not in self.existed] if self.run_dir.exists() else []
         for path in sorted(added, key=lambda p: len(p.parts), reverse=True):
             if path.is_dir():

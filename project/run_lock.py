@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from project.errors import UserError
-from project.storage.run import RunHold
+from project.run_store import Held, active
 
 try:
     import fcntl
@@ -51,16 +51,16 @@ class TrainingLock:
     mtime_after: int | None = None
 
     @classmethod
-    def take(cls, run_dir: Path | str | None, hold: bool = True) -> TrainingLock | RunHold:
+    def take(cls, run_dir: Path | str | None, hold: bool = True) -> TrainingLock | Held:
         """Lock ``run_dir`` for a training (when ``hold``: rank 0 of a ``fit``); one line when another holds it.
 
         A run directory in object storage (its scratch cache here) is held by the store's lease instead
-        (:class:`project.storage.run.RunHold`): nodes that share no file system share no ``fcntl`` lock.
+        (:meth:`project.run_store.RunStore.hold`): nodes that share no file system share no ``fcntl`` lock.
 
         Raises:
             UserError: another process is training in ``run_dir``: its pid, its host and what to do.
         """
-        in_store = RunHold.take(run_dir, hold)
+        in_store = active().hold(run_dir, hold)
         if in_store is not None:
             return in_store
         if not hold or run_dir is None or fcntl is None or not Path(run_dir).is_dir():

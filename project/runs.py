@@ -8,7 +8,7 @@ from typing import Any
 
 from project.errors import UserError
 from project.lightning_private import choose_version, unchosen_version
-from project.storage.run import reserve_version
+from project.run_store import active
 
 
 def read_scalars(run_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
@@ -98,7 +98,7 @@ def reserve_run_directory(logger: Any) -> Path | None:
     refuse_unplain_names(logger, version is None)
     if version is None:
         return None
-    in_store = reserve_version(Path(root), version)  # a run directory in object storage: reserved there
+    in_store = active().reserve(Path(root), version)  # a run directory in object storage: reserved there
     while True:
         folder = Path(root) / f"version_{in_store if in_store is not None else version}"
         try:

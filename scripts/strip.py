@@ -4,8 +4,8 @@ A layer is a folder ``project/extras/<name>/`` with a ``layer.py``. Stripping it
 
 - its code, ``project/extras/<name>/``; its tests, ``tests/extras/<name>/``; its page, ``docs/extras/<name>.md``;
   its configs, ``configs/<name>/``; its notebooks, ``notebooks/<name>/``; its benches, ``bench/extras/<name>/``;
-- its extra in ``pyproject.toml`` (``<name> = [...]`` under ``[project.optional-dependencies]``) and its
-  ``--extra <name>`` in the Makefile's lock recipe;
+- its extras in ``pyproject.toml`` (``<name> = [...]`` and ``<name>-<part> = [...]``, e.g. ``storage`` and
+  ``storage-server``, under ``[project.optional-dependencies]``) and their ``--extra`` in the Makefile's lock recipe;
 - every line of README.md and docs/ marked ``<!-- extras:<name> -->``, and every block between a line
   ``<!-- extras:<name> -->`` and a line ``<!-- /extras:<name> -->``.
 
@@ -75,10 +75,25 @@ def unmark(text: str, name: str) -> str:
     return "".join(kept)
 
 
+#: A layer's extras: ``<name>`` itself and ``<name>-<part>`` (the storage layer's ``storage-server``).
+EXTRA = r"{name}(?:-[A-Za-z0-9]+)*"
+
+
 def drop_extra(pyproject: str, name: str) -> str:
-    """``pyproject.toml`` without the optional-dependency ``name = [...]`` and the comment lines right above it."""
-    pattern = re.compile(rf"((?:^#[^\n]*\n)*)^{re.escape(name)} = \[\n(?:[^\]]*\n)?\]\n", re.MULTILINE)
+    """``pyproject.toml`` without the layer's optional dependencies (``name = [...]``, ``name-part = [...]``).
+
+    Each goes with the comment lines right above it; a list ends at a line that is only ``]``.
+    """
+    extra = EXTRA.format(name=re.escape(name))
+    pattern = re.compile(rf"((?:^#[^\n]*\n)*)^{extra} = \[\n(?:(?!\]\n)[^\n]*\n)*?\]\n", re.MULTILINE)
     return pattern.sub("", pyproject)
+
+
+def drop_from_makefile(makefile: str, name: str) -> str:
+    """The Makefile without the layer's ``--extra <name>`` (and ``-<part>``) and ``,<name>`` in extras lists."""
+    extra = EXTRA.format(name=re.escape(name))
+    makefile = re.sub(rf" --extra {extra}(?![\w-])", "", makefile)
+    return re.sub(rf",{extra}(?=[,\]])", "", makefile)
 
 
 def strip(names: list[str], root: Path = ROOT) -> list[str]:
@@ -108,8 +123,7 @@ def strip(names: list[str], root: Path = ROOT) -> list[str]:
         pyproject = root / "pyproject.toml"
         pyproject.write_text(drop_extra(pyproject.read_text(encoding="utf-8"), name), encoding="utf-8")
         makefile = root / "Makefile"
-        makefile.write_text(makefile.read_text(encoding="utf-8").replace(f" --extra {name}", ""), encoding="utf-8")
-        makefile.write_text(re.sub(rf",{name}\b(?=[,\]])", "", makefile.read_text(encoding="utf-8")))
+        makefile.write_text(drop_from_makefile(makefile.read_text(encoding="utf-8"), name), encoding="utf-8")
     return removed
 
 

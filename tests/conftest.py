@@ -34,7 +34,7 @@ SLOW_FILES = {
     # a real one-node SLURM: an sbatch job of two tasks, a job signalled, requeued and resumed (134 s, run alone)
     "distributed/test_slurm.py",
     # a moto S3 server, two torchrun nodes without a shared disk, killed, wiped and resumed from the store (over 100 s)
-    "distributed/test_object_storage.py",
+    "extras/storage/distributed/test_object_storage.py",
     # sweeps whose trials are 2-process runs: a driver killed by SIGKILL, the study continued, pruning both ranks (84 s
     # for its study alone)
     "extras/sweep/distributed/test_sweep_processes.py",

@@ -24,7 +24,7 @@ from project.checkpoints.atomic import atomic_write
 from project.checkpoints.sharded import is_sharded_checkpoint
 from project.checkpoints.sharded.merge import load_full_checkpoint
 from project.checkpoints.sharded.save import write_file_over
-from project.storage.run import publish, withdraw
+from project.run_store import active
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -75,12 +75,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             write_file_over(Path(path), lambda handle: self.write(checkpoint, handle))
         else:
             atomic_write(path, lambda handle: self.write(checkpoint, handle))
-        publish(path)  # a run directory in object storage: uploaded, then committed (on the writer's thread)
+        active().commit(path)  # a run directory in object storage: uploaded, then committed (on the writer's thread)
 
     def remove_checkpoint(self, path: Any) -> None:
         """Remove ``path``; in object storage its commit first, then its data."""
         super().remove_checkpoint(path)
-        withdraw(path)
+        active().withdraw(path)
 
     def write(self, checkpoint: dict[str, Any], handle: IO[bytes]) -> None:
         """Serialise ``checkpoint`` into the open temporary file."""

@@ -14,7 +14,7 @@ from concurrent import futures
 from concurrent.futures import Future
 from pathlib import Path
 
-from project.storage.pull import complete
+from project.run_store import active
 
 _lock = threading.Lock()
 _writes: dict[Path, Future[None]] = {}
@@ -47,4 +47,4 @@ def wait_for(path: str | os.PathLike[str] | None = None) -> None:
         writes = list(_writes.values()) if path is None else [w for w in (_writes.get(_key(path)),) if w is not None]
     futures.wait(writes)  # a failed write is the writer's to raise
     if path is not None:
-        complete(path)  # a run directory in object storage: what this node lacks of it, fetched from its commit
+        active().local_copy(str(path))  # a run directory in object storage: what this node lacks, fetched

@@ -33,7 +33,7 @@ from project.checkpoints.sharded import is_sharded_checkpoint, read_checkpoint, 
 from project.checkpoints.sharded.save import checkpoints_in, final_name, recover_swaps, remove_partial
 from project.commands import COMMANDS
 from project.errors import UserError
-from project.storage.pull import checkpoint_at, counts
+from project.run_store import active, local_copy
 
 #: ``--resume`` values: ``auto`` continues the newest good checkpoint of the run name, or starts fresh.
 RESUME_AUTO = "auto"
@@ -68,7 +68,7 @@ class RunName:
             runs = [p for p in self.root.iterdir() if p.is_dir()] if self.root.is_dir() else []
         # Hidden files are the temporary halves of atomic writes, never checkpoints (but see checkpoints_in).
         files = [found for run in runs for found in checkpoints_in(run / "checkpoints")]
-        files = [found for found in files if counts(found)]  # a store's cache: its committed checkpoints only
+        files = [found for found in files if active().committed(found)]  # a store's cache: committed ones only
         return sorted(files, key=lambda f: (f.stat().st_mtime_ns, final_name(f).name == "last.ckpt"), reverse=True)
 
 
@@ -199,7 +199,7 @@ def choose_checkpoint(
             "give the file (logs/<name>/version_<n>/checkpoints/best-*.ckpt) or `last`"
         )
     if resume != RESUME_AUTO and ckpt_path != "last":
-        path = checkpoint_at(str(ckpt_path))  # a URL: its committed copy, pulled into this node's cache
+        path = local_copy(str(ckpt_path))  # a URL: its committed copy, pulled into this node's cache
         return Chosen(path, read_checkpoint(path))
     asked = f"--resume {resume}" if resume is not None else "--ckpt_path last"
     name = RunName(run.parent, run.name) if run is not None else run_name(trainer)

@@ -23,8 +23,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     # The command table reads the layers' rows (project.layers lists project/extras/ on disk, naming no layer).
     ("project.layers",),
     ("project.launch", "project.commands"),
-    # Run records and checkpoints in object storage (fsspec URL, commit-then-point, lease): under every writer.
-    ("project.storage",),
+    # Where a run directory lives (the local disk, or a layer's store for URLs): under every writer.
+    ("project.run_store",),
     # The run's state (section, plan, loaders' guarantees): made by the builder, read by the callbacks.
     ("project.lightning_private", "project.runs", "project.run_guard", "project.run_lock", "project.run_state"),
     ("project.checkpoints",),

@@ -19,7 +19,8 @@ the rules of :class:`~project.checkpoints.background.BackgroundCheckpointIO`:
   them, and only if those succeeded.
 - Reads in this process wait for the write: the folder and its ``meta.pt`` are registered in :mod:`pending`.
 - In a run directory given as a URL the same thread uploads each rank's own shards, and rank 0 commits the folder
-  once every rank's upload is known complete (:mod:`project.storage.shards`); a save ends when it is committed.
+  once every rank's upload is known complete (:meth:`project.run_store.RunStore.commit_sharded`); a save ends
+  when it is committed.
 
 Threads, not DCP's process executor (``AsyncCheckpointerType.PROCESS``): measured with ``python -m bench.sharded_saves
 --compare``, both block the training for the copy alike, while the process executor starts a second interpreter
@@ -44,8 +45,7 @@ from project.checkpoints.background import CheckpointWriteError, first_failure
 from project.checkpoints.sharded import LIGHTNING_META
 from project.checkpoints.sharded import save as sharded_save
 from project.errors import Preempted, first_line
-from project.storage import shards as store_shards
-from project.storage.run import withdraw
+from project.run_store import active
 
 #: Words of gloo's and nccl's errors when a peer went away during the write's collectives (a rank died).
 _LOST_RANK = ("connection reset", "connection closed", "broken pipe", "socket closed")
@@ -200,7 +200,7 @@ class AsyncShardedWriter:
         try:
             upload.result()
             # rank 0 adds meta.pt and swaps the folder in (in object storage: after every rank's upload, then commits)
-            store_shards.publish(partial, path, token, data, self._group, sharded_save.finish)
+            active().commit_sharded(partial, path, token, data, self._group, sharded_save.finish)
         except BaseException as caught:  # DCP's CheckpointException is a BaseException
             error = caught
         verdict = [None if error is None else describe(error)]
@@ -209,7 +209,7 @@ class AsyncShardedWriter:
             raise error
         if verdict[0] is not None:
             raise RuntimeError(f"on rank 0: {verdict[0]}")
-        store_shards.drop_node_copy(partial)
+        active().drop_node_copy(partial)
 
     def _remove_after(self, before: list[Future[None]], path: Path) -> None:
         # On the writer thread, after every future in `before` (one worker runs them in order).
@@ -217,7 +217,7 @@ class AsyncShardedWriter:
             return
         try:
             sharded_save.remove_path(Path(path))
-            withdraw(path)  # object storage: its commit, then its data
+            active().withdraw(path)  # object storage: its commit, then its data
         except OSError as error:  # an extra checkpoint left behind costs disk, not the run
             sys.stderr.write(f"warning: could not remove the checkpoint {path} ({error})\n")
 

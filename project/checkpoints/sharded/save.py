@@ -32,7 +32,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
 
 from project.checkpoints.sharded import LIGHTNING_META, OPTIMIZER, WEIGHTS
-from project.storage import shards as store_shards
+from project.run_store import active
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -224,9 +224,9 @@ def save_sharded(
     shards, meta = split(checkpoint)
     dcp.save(shards, storage_writer=shard_writer(partial), planner=shard_planner())
     # DCP wrote .metadata after every rank's shards: rank 0 adds meta.pt (in a store: after every rank's upload)
-    store_shards.publish(partial, path, token, serialize(meta) if is_rank_zero else None, None, finish)
+    active().commit_sharded(partial, path, token, serialize(meta) if is_rank_zero else None, None, finish)
     barrier()
-    store_shards.drop_node_copy(partial)
+    active().drop_node_copy(partial)
 
 
 def write_file_over(path: Path, write: Callable[[IO[bytes]], Any]) -> None:

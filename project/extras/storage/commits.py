@@ -21,8 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from project.storage import objects
-from project.storage.location import Store
+from project.extras.storage import objects
+from project.extras.storage.location import Store
 
 #: What a commit object's name ends with.
 COMMIT_SUFFIX = ".commit"

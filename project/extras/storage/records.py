@@ -13,8 +13,8 @@ import os
 import threading
 from pathlib import Path
 
-from project.storage import objects
-from project.storage.location import Store
+from project.extras.storage import objects
+from project.extras.storage.location import Store
 
 # (store path) -> (size, mtime_ns) of what this process uploaded last.
 _UPLOADED: dict[str, tuple[int, int]] = {}

@@ -14,8 +14,8 @@ import torch
 from storage_server import attached_store, environment, s3_server
 
 from project.checkpoints.loading import safe_load
-from project.storage import commits, location, objects, pull, records
-from project.storage.run import reserve_version, unreserve
+from project.extras.storage import commits, location, objects, pull, records
+from project.extras.storage.run import reserve_version, unreserve
 
 
 @pytest.fixture(scope="module")

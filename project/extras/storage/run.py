@@ -1,9 +1,7 @@
-"""The storage layer's hook points: where the template's run code meets a run directory given as a URL.
+"""A run directory given as a URL, held and written: what :class:`.store.ObjectStore` does at the core's calls.
 
-Each function does nothing on a local run (``save_dir`` a path), so the local disk keeps its code path:
+Each function does nothing for a path outside the store's scratch cache, so a local folder keeps its code path:
 
-- :func:`use_store`, before anything is chosen or built: the logger's ``save_dir`` URL becomes this node's scratch
-  folder, and ``--resume auto``/``--ckpt_path last`` pull the committed checkpoints into it;
 - :func:`reserve_version`: a new run's ``version_<n>`` reserved in the store (write-if-absent), not by listing one
   node's folders; :func:`unreserve` gives it back when the run is refused before its first step;
 - :class:`RunHold`: the run's lease instead of the ``fcntl`` lock; the records' last upload when the command ends;
@@ -13,44 +11,15 @@ Each function does nothing on a local run (``save_dir`` a path), so the local di
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from project.storage import commits, location, objects, records
-from project.storage.lease import Lease
-from project.storage.pull import pull
+from project.extras.storage import commits, location, objects, records
+from project.extras.storage.lease import Lease
 
 #: The reservation of a run folder in the store.
 VERSION_NAME = ".version"
-
-
-def use_store(config: Any) -> location.Store | None:
-    """Point the first logger's URL ``save_dir`` at this node's scratch cache; pull what a resume reads.
-
-    ``config`` is the command's parsed config: its ``storage_options`` are kept for every store this process
-    opens, then their credentials are replaced in ``config`` (whose ``config.yaml`` is written later).
-    """
-    options = config.get("storage_options")
-    if isinstance(options, dict):
-        location.configure(options)
-        config.storage_options = location.redacted(options)
-    trainer = config.get("trainer")
-    logger = trainer.get("logger") if trainer is not None else None
-    if isinstance(logger, list):
-        logger = logger[0] if logger else None
-    args = logger.get("init_args") if logger is not None and hasattr(logger, "get") else None
-    url = args.get("save_dir") if args is not None else None
-    if not location.is_url(url):
-        return None
-    store = location.attach(url)
-    args.save_dir = os.fspath(store.scratch)
-    if config.get("resume") == "auto" or config.get("ckpt_path") == "last":
-        version = args.get("version")
-        version = f"version_{version}" if isinstance(version, int) else version
-        pull(store, store.scratch / (args.get("name") or ""), version)
-    return store
 
 
 def reserve_version(root: Path, first: int) -> int | None:

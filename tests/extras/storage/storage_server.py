@@ -86,7 +86,7 @@ def environment(env: dict[str, str]) -> Iterator[None]:
 @contextlib.contextmanager
 def attached_store(scratch: str) -> Iterator[Any]:
     """This process's store: a fresh prefix of the ``runs`` bucket, cached in ``scratch`` (in-process tests)."""
-    from project.storage import location
+    from project.extras.storage import location
 
     saved = os.environ.get(location.SCRATCH_ENV)
     os.environ[location.SCRATCH_ENV] = scratch

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from storage_server import FAKE_KEY_ID, FAKE_SECRET, s3_server
 
-from project.storage import location, objects, shards
+from project.extras.storage import location, objects, shards
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,7 @@ class KillDuringUpload(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Wrap the storage layer's upload of one file (the writer thread calls it)."""
-        from project.storage import objects
+        from project.extras.storage import objects
 
         original = objects.put
 
@@ -50,7 +50,7 @@ class KillAfterOwnShards(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Note each save's step by its token (training thread); kill after the upload (writer thread)."""
         from project.checkpoints.sharded import save as sharded_save
-        from project.storage import shards
+        from project.extras.storage import shards
 
         partial_name, upload_own = sharded_save.partial_name, shards.upload_own
 

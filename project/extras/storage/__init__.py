@@ -3,6 +3,8 @@
 When the logger's ``save_dir`` is a URL (``s3://bucket/prefix``, ``gs://``, ``az://``, ``file://``), the run works
 in a local scratch folder exactly as it would on a shared disk, and this layer makes the store the record:
 
+- :mod:`store`: the core's :class:`~project.run_store.RunStore` for URLs (``layer.py`` registers it) and the
+  ``--storage_options`` option;
 - :mod:`location`: the URL, its local scratch folder and the file system (credentials from the environment only);
 - :mod:`objects`: what the layer asks of a store: put with a digest, get atomically, create-if-absent,
   replace-if-unchanged;

@@ -10,7 +10,7 @@ import pytest
 from storage_server import attached_store, environment, s3_server
 
 from project.errors import UserError
-from project.storage import lease, objects
+from project.extras.storage import lease, objects
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,8 @@ ONE = ["fit", "--config", STEPS, *SHORT, "--trainer.max_steps", "40"]
 # Two "nodes" of one process each: 9 steps per epoch, last.ckpt every 10 steps and at each epoch end.
 TWO = ["fit", "--config", STEPS, *SHORT, "--config", CPU_DDP, "--trainer.max_steps", "25"]
 ONE_EACH = ["--parallel.devices", "1"]
+# The faults' module as a CLI subprocess imports it: tests/ is on its PYTHONPATH, this layer's folder is not.
+FAULTS = "extras.storage.storage_faults"
 
 
 def callback(class_path: str, **init_args) -> str:
@@ -141,7 +143,7 @@ def uninterrupted_one(tmp_path_factory) -> dict:
 
 def test_a_kill_in_the_middle_of_an_upload_leaves_the_previous_commit_chosen(s3, tmp_path, uninterrupted_one):
     args = [*ONE, *at("s3://runs/upload")]
-    killed = run_cli([*args, callback("storage_faults.KillDuringUpload", step=30)], tmp_path, env=s3.env)
+    killed = run_cli([*args, callback(f"{FAULTS}.KillDuringUpload", step=30)], tmp_path, env=s3.env)
     assert killed.returncode == -9, killed.stderr[-3000:]
     run, fs = "runs/upload/digits/version_0", s3.fs()
     data = fs.ls(f"{run}/checkpoints/.data", detail=False)
@@ -213,7 +215,7 @@ def test_fsdp_on_two_nodes_killed_between_shard_uploads_and_commit_resumes_from_
         node.mkdir()
     args = [*TWO_FSDP, *ONE_EACH, *at("s3://runs/fsdp")]
     # Rank 1 dies once its shards of the save of step 15 or later are up: rank 0 has not committed that save.
-    killed = two_nodes([*args, callback("storage_faults.KillAfterOwnShards", step=15, rank=1)], nodes, s3.env)
+    killed = two_nodes([*args, callback(f"{FAULTS}.KillAfterOwnShards", step=15, rank=1)], nodes, s3.env)
     assert killed[0].returncode != 0 and killed[1].returncode != 0
     run, fs = "runs/fsdp/digits/version_0", s3.fs()
     commit = json.loads(fs.cat_file(f"{run}/checkpoints/last.ckpt.commit"))

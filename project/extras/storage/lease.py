@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from project.errors import UserError
-from project.storage import objects
-from project.storage.location import Store
+from project.extras.storage import objects
+from project.extras.storage.location import Store
 
 #: The lease object, in the run folder of the store.
 LEASE_NAME = ".training.lease"

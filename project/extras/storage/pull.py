@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from project.errors import UserError
-from project.storage import location, objects
-from project.storage.commits import COMMIT_SUFFIX, commit_path, committed
-from project.storage.location import Store, active, is_url, open_store
+from project.extras.storage import location, objects
+from project.extras.storage.commits import COMMIT_SUFFIX, commit_path, committed
+from project.extras.storage.location import Store, active, is_url, open_store
 
 # The cached checkpoint paths this process pulled, each the copy of a commit.
 _PULLED: set[Path] = set()

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from project.storage import commits, location, objects, records
+from project.extras.storage import commits, location, objects, records
 
 #: DCP's file of the checkpoint's layout, written by its coordinator (rank 0) after every rank's shards.
 _METADATA = ".metadata"

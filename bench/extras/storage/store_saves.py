@@ -1,6 +1,6 @@
 """What a checkpoint save costs the training when the run directory is in object storage, beside a local disk.
 
-    python -m bench.store_saves            # prints a table; --size-mb, --repeats; --endpoint URL for a real store
+    python -m bench.extras.storage.store_saves  # prints a table; --size-mb, --repeats; --endpoint URL for a real store
 
 One process saves a checkpoint of ``--size-mb`` MB of tensors (a Lightning-shaped dict) ``--repeats`` times with
 the template's :class:`~project.checkpoints.background.BackgroundCheckpointIO`, into a local folder and into a
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # storage_server, the tests' moto server
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "extras" / "storage"))  # storage_server: moto
 
 
 def checkpoint(size_mb: int) -> dict:
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--endpoint", default=None, help="an S3-compatible endpoint (default: moto on 127.0.0.1)")
     parser.add_argument("--bucket", default="bench")
     args = parser.parse_args()
-    from project.storage import location
+    from project.extras.storage import location
 
     data = checkpoint(args.size_mb)
     load_before = os.getloadavg()

@@ -1,0 +1,1 @@
+"""Benchmarks of the storage layer (a run directory in object storage)."""

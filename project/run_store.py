@@ -1,0 +1,187 @@
+"""Where a run directory lives: a local folder, or a URL (``s3://bucket/prefix``) that a layer's store serves.
+
+The core writes every record and checkpoint as a file (atomic renames: :mod:`project.checkpoints.atomic`) and asks
+this process's :class:`RunStore` at the few points where a run directory that is not a local folder differs: the
+version a new run takes, the lock of a training, a checkpoint written or removed, a checkpoint about to be read,
+how the run is named to the user. :class:`RunStore` itself is the local disk, where each answer is the path
+itself or nothing at all: a local run pays one method call per checkpoint saved, nothing per step.
+
+A layer serves URLs with a subclass named in its ``Layer.run_stores`` (:mod:`project.layers`): there the run works
+in a local folder of the store's (its cache) exactly as on a local disk, and the store makes the URL the record.
+A URL that no installed layer serves is refused in one line before anything is written (:func:`store_for`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any, Protocol
+
+from project.errors import UserError
+from project.layers import hooks
+
+#: A path: what the store methods take (Lightning hands checkpoint paths over as ``str`` or ``Path``).
+PathLike = str | os.PathLike[str]
+
+
+class Held(Protocol):
+    """What :meth:`RunStore.hold` returns: held until released (at the end of the command)."""
+
+    def release(self) -> None:
+        """Give it back (idempotent)."""
+
+
+class RunStore:
+    """A run directory on the local disk: plain paths, nothing uploaded, held by the core's ``fcntl`` lock.
+
+    A layer's subclass serves the URL schemes in ``schemes`` (``*``: every URL) and overrides what differs there.
+    """
+
+    #: The URL schemes this store serves (``s3``); ``*`` for every URL; none for the local disk.
+    schemes: tuple[str, ...] = ()
+
+    def configure(self, config: Any) -> None:
+        """Read this store's options from the command's parsed config (its layer's section), before any URL opens.
+
+        Called on every installed layer's store for every command that takes a checkpoint, URL or not: a store
+        replaces the credentials it finds there, so that no record (``config.yaml``) keeps them.
+        """
+
+    def attach(self, url: str) -> Path:
+        """Make ``url`` (a logger's ``save_dir``) this process's run root; the local folder the run writes into."""
+        raise NotImplementedError(f"{type(self).__name__} serves no URL ({url})")
+
+    def pull(self, name_root: Path, version: str | None) -> None:
+        """Bring the run name's newest committed checkpoints (of ``version``, if given) under ``name_root``."""
+
+    def reserve(self, root: Path, first: int) -> int | None:
+        """Reserve the first free ``version_<n>`` (n >= ``first``) of the run name ``root``; ``None``: the disk does."""
+        return None
+
+    def unreserve(self, run_dir: Path) -> None:
+        """Give back the reservation of a run folder (a run refused before its first step)."""
+
+    def hold(self, run_dir: PathLike | None, training: bool) -> Held | None:
+        """What holds ``run_dir`` for this command (a training's lease); ``None``: the core's ``fcntl`` lock."""
+        return None
+
+    def committed(self, path: Path) -> bool:
+        """Whether the checkpoint file ``path`` may be chosen to resume (in a store: a copy of its commit)."""
+        return True
+
+    def local_copy(self, path: str) -> str:
+        """The checkpoint ``path`` as this process reads it, made whole on this node (a URL: its committed copy)."""
+        return path
+
+    def commit(self, path: PathLike) -> None:
+        """A checkpoint just written under ``path`` (renamed into place): on a local disk, that was its commit."""
+
+    def withdraw(self, path: PathLike) -> None:
+        """A checkpoint just removed from ``path`` (a best one replaced)."""
+
+    def commit_sharded(
+        self,
+        partial: Path,
+        path: Path,
+        token: str,
+        meta: bytes | None,
+        group: Any,
+        finish: Callable[[Path, Path, bytes], None],
+    ) -> None:
+        """Every rank, once DCP wrote a sharded save into ``partial``: rank 0 (``meta`` given) ``finish``es it.
+
+        A store's version is a collective over ``group`` (every rank uploads its own shards first); the local
+        disk's is rank 0's ``finish(partial, path, meta)`` alone, which puts the folder under ``path``.
+        """
+        if meta is not None:
+            finish(partial, path, meta)
+
+    def drop_node_copy(self, partial: Path) -> None:
+        """Every rank, after a sharded save was committed: its node's hidden folder of it, where not needed."""
+
+    def shown(self, path: PathLike) -> str:
+        """How the run directory ``path`` is named to the user."""
+        return os.fspath(path)
+
+
+#: The local disk, the store of every run whose ``save_dir`` is a path.
+LOCAL = RunStore()
+# This process's store: the one its run directory's URL chose (one run per process), else the local disk.
+_active: RunStore = LOCAL
+
+
+def active() -> RunStore:
+    """This process's store: the layer's that serves its run directory's URL, else the local disk."""
+    return _active
+
+
+def is_url(location: Any) -> bool:
+    """Whether ``location`` is a URL (``scheme://...``), not a local path."""
+    return isinstance(location, str) and "://" in location
+
+
+@cache
+def layer_stores() -> tuple[RunStore, ...]:
+    """One store of each kind the installed layers serve URLs with (their ``run_stores``), in layer order."""
+    return tuple(store() for store in hooks("run_stores"))
+
+
+def store_for(url: str, option: str) -> RunStore:
+    """The installed store that serves ``url``, given as ``option``.
+
+    Raises:
+        UserError: no installed layer serves the URL's scheme (the storage layer was stripped), before anything is
+            written.
+    """
+    scheme = url.split("://", 1)[0]
+    for store in layer_stores():
+        if scheme in store.schemes or "*" in store.schemes:
+            return store
+    raise UserError(
+        f"{option} {url} needs the storage layer (project/extras/storage), which this checkout does not have; "
+        "give a local path, or restore the layer"
+    )
+
+
+def local_copy(path: str, option: str = "--ckpt_path") -> str:
+    """The checkpoint ``path`` (given as ``option``) as this process reads it: a URL's committed copy, pulled."""
+    store = store_for(path, option) if is_url(path) else _active
+    return store.local_copy(path)
+
+
+def open_run(config: Any) -> RunStore:
+    """Before the checkpoint is chosen: this process's store, chosen by the first logger's ``save_dir``.
+
+    Every layer's store reads its options first. A URL ``save_dir`` becomes the store's local folder in the
+    config (the run writes files there as on a local disk), and ``--resume auto``/``--ckpt_path last`` pull the
+    committed checkpoints into it. A URL no installed layer serves, ``save_dir`` or ``--ckpt_path``, is refused.
+    """
+    global _active
+    for store in layer_stores():
+        store.configure(config)
+    ckpt_path = config.get("ckpt_path")
+    if is_url(ckpt_path):
+        store_for(ckpt_path, "--ckpt_path")
+    logger = _logger_args(config)
+    url = logger.get("save_dir") if logger is not None else None
+    if not is_url(url):
+        _active = LOCAL
+        return _active
+    _active = store_for(url, "--trainer.logger.init_args.save_dir")
+    logger.save_dir = os.fspath(_active.attach(url))
+    if config.get("resume") == "auto" or ckpt_path == "last":
+        version = logger.get("version")
+        version = f"version_{version}" if isinstance(version, int) else version
+        _active.pull(Path(logger.save_dir) / (logger.get("name") or ""), version)
+    return _active
+
+
+def _logger_args(config: Any) -> Any:
+    """The ``init_args`` of the config's first logger, if any (it names the run directory)."""
+    trainer = config.get("trainer")
+    logger = trainer.get("logger") if trainer is not None else None
+    if isinstance(logger, list):
+        logger = logger[0] if logger else None
+    return logger.get("init_args") if logger is not None and hasattr(logger, "get") else None
