@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from project.callbacks.stragglers import IntervalTimer, Window
+from project.callbacks.interval_timer import IntervalTimer
+from project.extras.resilience.stragglers import Window
 
 from helpers import CPU_DDP, DIGITS, FAST, read_scalars, run_cli, run_dirs
 
