@@ -62,6 +62,9 @@ class Layer:
 @cache
 def installed() -> tuple[Layer, ...]:
     """The layers present in this checkout, by folder name (a folder without ``layer.py`` is not a layer)."""
+    # Each layer.py imports the command table, which lists the layers: loaded first, it is whole when they ask it
+    # (a hook asked before any command was read, e.g. the barrier in a plain process, would find it half-imported).
+    importlib.import_module(f"{__package__}.commands")
     found = []
     for folder in sorted(EXTRAS.iterdir()) if EXTRAS.is_dir() else ():
         if (folder / "layer.py").is_file():
