@@ -74,8 +74,9 @@ format: $(STAMP)
 # processes on 2 cores they missed their deadlines.
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
-ALONE := $(addprefix tests/distributed/,test_preemption.py test_resume.py test_rank_failure.py test_stragglers.py \
-  test_timed_checkpoint.py test_slurm.py test_orphans.py test_stop_signals.py test_elastic.py)
+ALONE := $(addprefix tests/distributed/,test_preemption.py test_resume.py test_rank_failure.py \
+  test_timed_checkpoint.py test_slurm.py test_orphans.py test_stop_signals.py) \
+  $(wildcard $(addprefix tests/extras/resilience/distributed/,test_stragglers.py test_elastic.py))
 
 # Lint beside the installs: two jobs at once.
 test:

@@ -8,6 +8,7 @@ IO and template callbacks come from that resolution. ``plan`` builds the model a
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any
 
@@ -21,12 +22,10 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from project.callbacks import (
     LoaderGuaranteesCallback,
     StopOnSignal,
-    StragglerCallback,
     lists_prediction_writer,
     template_callbacks,
 )
 from project.callbacks.dispatch import skip_idle_batch_hooks
-from project.callbacks.elastic import ElasticCallback
 from project.callbacks.float64 import Float64BeforeRestore
 from project.callbacks.model_checks import refuse_manual_accumulation, refuse_unshardable_callbacks
 from project.checkpoints.background import with_atomic_checkpoint_io
@@ -34,7 +33,6 @@ from project.checkpoints.resume import Chosen, choose_checkpoint
 from project.commands import COMMANDS
 from project.config_errors import ProjectArgumentParser, root_cause
 from project.errors import UserError
-from project.launch.elastic import ElasticJob, detect_elastic, end_job, keep_checkpoint_batch
 from project.launch.ranks import confirm_started_ranks
 from project.layers import hook, hooks
 from project.parallel.compile import CompileAfterWrap
@@ -84,7 +82,6 @@ class ProjectCLI(LightningCLI):
         self.state = RunState()  # the parallel section, the plan, the loaders' guarantees: handed to the callbacks
         self.chosen: Chosen | None = None
         self.loaders: LoaderGuaranteesCallback | None = None
-        self.elastic: ElasticJob | None = None  # fit in an elastic torchrun job (--nnodes MIN:MAX)
         super().__init__(
             model_class=L.LightningModule,
             datamodule_class=L.LightningDataModule,
@@ -128,23 +125,20 @@ class ProjectCLI(LightningCLI):
             return
         refuse_trainer_overlap(parallel, config.trainer, self.parser.get_defaults().trainer)
         settings = ParallelConfig(**parallel.as_dict()) if parallel is not None else ParallelConfig()
-        if self.row.trains:  # a restart at another size keeps the checkpoint's global batch
-            self.elastic = detect_elastic(environment)
-            settings = keep_checkpoint_batch(settings, self._resuming(), self.elastic)
         if self.row.settings is not None:  # a layer's command adjusts the section (check: its short timeout)
             settings = hook(self.row.settings)(settings, config)
         assumed = config.get("assume_gpus")
         if assumed is not None and assumed < 0:
             raise UserError(f"--assume_gpus={assumed} must be >= 0")
         hardware = Hardware(torch.cuda.device_count()) if assumed is None else Hardware(assumed, assumed=True)
-        self.state = RunState(settings, hardware)
-        if self.row.builds_trainer:  # `plan` resolves with the data batch size, and says why a launch would fail
-            try:
-                plan = self.state.built = resolve_plan(settings, hardware, environment, None, self.configured_lr())
-            except UserError as error:  # an elastic job at a size its layout cannot hold: torchrun would retry
-                if self.elastic is None:
-                    raise
-                end_job(f"{error} (elastic job {self.elastic.describe()}, now {environment.world_size} processes)")
+        with contextlib.ExitStack() as layers:  # the layers' hooks around the plan (elastic: a restart's batch)
+            for around_plan in hooks("around_plan"):
+                settings = layers.enter_context(around_plan(settings, environment, self._resuming(), self.row))
+            self.state = RunState(settings, hardware)
+            if self.row.builds_trainer:  # `plan` resolves with the data batch size, and says why a launch would fail
+                self.state.built = resolve_plan(settings, hardware, environment, None, self.configured_lr())
+        plan = self.state.built
+        if plan is not None:
             if plan.accelerator == "cpu":
                 processes = plan.devices if isinstance(plan.devices, int) else 1
                 apply_cpu_threads(processes, settings.cpu_threads, rank_zero_only.rank)
@@ -163,18 +157,6 @@ class ProjectCLI(LightningCLI):
         states = (self.chosen.checkpoint or {}).get("callbacks", {}) if self.chosen is not None else {}
         name = LoaderGuaranteesCallback.__qualname__  # Lightning's state key of a callback without state_key args
         return states.get(name) if isinstance(states, dict) else None
-
-    def _stragglers(self) -> StragglerCallback | None:
-        """Straggler detection when the plan has several processes and the section asks for it."""
-        settings, plan = self.state.section, self.state.built
-        if settings is not None and (settings.straggler_every_n_steps < 0 or settings.straggler_factor <= 1):
-            raise UserError(
-                f"parallel.straggler_every_n_steps={settings.straggler_every_n_steps} must be >= 0 (0: off) and "
-                f"parallel.straggler_factor={settings.straggler_factor} > 1 (times the median of the other ranks)"
-            )
-        if plan is None or settings is None or plan.world_size == 1 or settings.straggler_every_n_steps < 1:
-            return None
-        return StragglerCallback(settings.straggler_every_n_steps, settings.straggler_factor)
 
     def instantiate_classes(self) -> None:
         """Build model, data and trainer (`plan`: model and data only); a bad init argument is one line."""
@@ -219,18 +201,17 @@ class ProjectCLI(LightningCLI):
         writer = self.row.writes_predictions and not lists_prediction_writer(configured)  # predictions.csv by default
         bar = wants_template_progress_bar(trainer_config)
         stop = StopOnSignal(section.stop_signals, section.stop_grace_s) if self.row.stops_on_signal else None
-        own = template_callbacks(self.state, self.loaders, chosen, bar, learning_rate, self._stragglers(), writer, stop)
-        own += [ElasticCallback(self.elastic)] if self.elastic is not None else []  # last: it may end the rank
+        own = template_callbacks(self.state, self.loaders, chosen, bar, learning_rate, writer, stop)
         # What the model itself must become: torch.compile once the strategy has wrapped it; float64 before a restore
         shaping = [CompileAfterWrap()] if plan is not None and plan.compile else []
         if plan is not None and plan.precision == "64":
             shaping.append(Float64BeforeRestore())
-        kwargs["callbacks"] = [*configured, *own, *shaping]
-        for layer_callbacks in hooks("callbacks"):  # the layers' own (a sweep trial's pruning), after the template's
-            kwargs["callbacks"] += layer_callbacks(self.state, self.row, self.config)
+        # The layers' own (a sweep trial's pruning, the hang recorder), after the template's; a self-test keeps them
+        layered = [c for callbacks in hooks("callbacks") for c in callbacks(self.state, self.row, self.config)]
+        kwargs["callbacks"] = [*configured, *own, *shaping, *layered]
         if self.row.trainer_kwargs is not None:  # a self-test (check): the layout and model as configured, no records
             kept = [self.loaders] if self.loaders is not None else []
-            kwargs.update(hook(self.row.trainer_kwargs)(self.config, [*kept, *shaping]))
+            kwargs.update(hook(self.row.trainer_kwargs)(self.config, [*kept, *shaping, *layered]))
         trainer = super().instantiate_trainer(**kwargs)
         for on_trainer in hooks("on_trainer"):  # the layers' hooks on the built Trainer (tracking: MLflow beside it)
             on_trainer(trainer, self.config, self.chosen, self.row)

@@ -11,8 +11,9 @@ A ``layer.py`` imports only this module, :mod:`project.commands` and the standar
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -32,11 +33,20 @@ class Layer:
         commands: Rows of the command table (a runner or an argument hook named by import path).
         sections: ``add(parser)`` hooks: config sections or options every command's parser takes.
         callbacks: ``callbacks(state, row, config) -> list[Callback]`` hooks, run for every Trainer the CLI builds,
-            after the template's own callbacks.
+            after the template's own callbacks (a self-test's Trainer keeps them too).
         on_trainer: ``hook(trainer, config, chosen, row)`` run on the built Trainer (e.g. a logger beside it).
         requires: Other layers this one imports (``make strip`` removes it with any of them).
         run_stores: :class:`project.run_store.RunStore` subclasses serving run directories given as URLs (each
             its ``schemes``), instantiated once when a command first needs one.
+        around_plan: ``hook(section, environment, resuming, row)``: a context manager around the resolution of the
+            plan that yields the ``parallel`` section to resolve (elastic: a restart keeps the checkpoint's global
+            batch; ``resuming``: the loaders' state in the checkpoint) and sees the plan's refusal (elastic: the job
+            ends in one line instead of being restarted).
+        explain_stall: ``hook(why) -> str | None``: the line naming which rank is where when the ranks stalled (the
+            hang report). ``why`` given: a collective or barrier timed out on this rank, every rank is asked now;
+            ``None``: only a stall already recorded (a lost peer that ended at its timeout).
+        observe_wait: ``hook(op, group, timeout_s)``: a context manager around a wait of the template's own that
+            torch's Flight Recorder does not see (the barrier's ``monitored_barrier``), so a stall there is seen.
     """
 
     name: str
@@ -47,11 +57,17 @@ class Layer:
     on_trainer: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     run_stores: tuple[str, ...] = ()
+    around_plan: tuple[str, ...] = ()
+    explain_stall: tuple[str, ...] = ()
+    observe_wait: tuple[str, ...] = ()
 
 
 @cache
 def installed() -> tuple[Layer, ...]:
     """The layers present in this checkout, by folder name (a folder without ``layer.py`` is not a layer)."""
+    # Each layer.py imports the command table, which lists the layers: loaded first, it is whole when they ask it
+    # (a hook asked before any command was read, e.g. the barrier in a plain process, would find it half-imported).
+    importlib.import_module(f"{__package__}.commands")
     found = []
     for folder in sorted(EXTRAS.iterdir()) if EXTRAS.is_dir() else ():
         if (folder / "layer.py").is_file():
@@ -69,3 +85,21 @@ def hook(path: str) -> Callable[..., Any]:
 def hooks(kind: str) -> list[Callable[..., Any]]:
     """Every installed layer's hooks of one kind (``sections``, ``callbacks``, ``run_stores``...), in layer order."""
     return [hook(path) for layer in installed() for path in getattr(layer, kind)]
+
+
+def first_answer(kind: str, *args: Any) -> Any:
+    """The first answer that is not ``None`` of the layers' hooks of one kind (``explain_stall``), else ``None``."""
+    for function in hooks(kind):
+        answer = function(*args)
+        if answer is not None:
+            return answer
+    return None
+
+
+@contextlib.contextmanager
+def observed(kind: str, *args: Any) -> Iterator[None]:
+    """Inside every installed layer's context manager of one kind (``observe_wait``); none installed: as is."""
+    with contextlib.ExitStack() as stack:
+        for function in hooks(kind):
+            stack.enter_context(function(*args))
+        yield

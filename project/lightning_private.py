@@ -170,7 +170,7 @@ def flight_recorder_json() -> str | None:
 
     Its dump is private (``torch._C._distributed_c10d._dump_fr_trace_json``, or the NCCL build's
     ``_dump_nccl_trace_json``); the public tool reads only the files a crash handler wrote. Read by the hang
-    report (:mod:`project.parallel.hang`), never per step.
+    report (the resilience layer's), never per step.
     """
     from torch._C import _distributed_c10d as c10d
 
@@ -211,7 +211,7 @@ def dump_checkpoint(trainer: Any) -> dict[str, Any]:
     """The full training checkpoint of this moment, built by the Trainer's checkpoint connector (nothing written).
 
     ``trainer.save_checkpoint`` builds it the same way and then writes on rank 0 and meets the others in a barrier;
-    a survivor of a lost peer (:mod:`project.parallel.peer_loss`) writes it alone, so it needs the dump without
+    a survivor of a lost peer (the resilience layer's elastic save) writes it alone, so it needs the dump without
     the write (``_checkpoint_connector.dump_checkpoint``: no public accessor).
     """
     return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)

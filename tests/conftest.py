@@ -30,7 +30,7 @@ LANES = ("unit", "cli", "distributed", "slow", "conformance")
 #: before the file moved here).
 SLOW_FILES = {
     # two torchrun agents lose a node and get it back, ddp and fsdp; a loss the job cannot survive (300 s, run alone)
-    "distributed/test_elastic.py",
+    "extras/resilience/distributed/test_elastic.py",
     # a real one-node SLURM: an sbatch job of two tasks, a job signalled, requeued and resumed (134 s, run alone)
     "distributed/test_slurm.py",
     # a moto S3 server, two torchrun nodes without a shared disk, killed, wiped and resumed from the store (over 100 s)
@@ -39,7 +39,7 @@ SLOW_FILES = {
     # for its study alone)
     "extras/sweep/distributed/test_sweep_processes.py",
     # four stalled 2-process fits and the hang drill, each waiting out its collective timeout (66 s)
-    "distributed/test_hang.py",
+    "extras/resilience/distributed/test_hang.py",
     # pipelines of 2 and 4 processes (pp 2, pp 2 x dp 2), their one-process references and resumes as other layouts
     # (about 150 s of fixture on a loaded machine; added after that run)
     "distributed/test_pipeline.py",

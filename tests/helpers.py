@@ -52,7 +52,9 @@ def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     # mlflow.set_tracking_uri (Lightning's MLFlowLogger calls it) exports the URI into this process's environment:
     # a tracking test run in-process here must not send every later CLI run's tracking to its store.
     env.pop("MLFLOW_TRACKING_URI", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO), env.get("PYTHONPATH", "")])
+    # A layer's test support modules (tests/extras/<layer>/hang_faults.py) are named by class path as tests/'s are.
+    layers = [str(p) for p in sorted((REPO / "tests" / "extras").glob("*")) if p.is_dir() and p.name[0] not in "_."]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), *layers, str(REPO), env.get("PYTHONPATH", "")])
     env.setdefault("PYTHONWARNINGS", "ignore")
     env.update(extra or {})
     return env

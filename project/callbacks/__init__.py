@@ -8,7 +8,7 @@ Two kinds, each installed one way:
   every rank's random state, the search of ``micro_batch: auto`` (:class:`MicroBatchSearch`), the
   monitored-metric check, the unused-parameter check (DDP), the trainable set followed under DDP and kept on
   resume (:class:`TrainableSetCallback`), the replicas compared at every save (:class:`ReplicaGuard`), the learning-rate
-  scaling and warmup when the ``parallel`` section asks for them, straggler detection on several processes,
+  scaling and warmup when the ``parallel`` section asks for them,
   :class:`PredictionsWriter` on ``predict`` unless the config lists a prediction writer, and
   :class:`ProgressBar` unless the config names a progress bar or turns it off;
 - each layer's (project/extras/), which the builder adds after these.
@@ -32,11 +32,9 @@ from project.callbacks.progress import ProgressBar
 from project.callbacks.replica_guard import ReplicaGuard
 from project.callbacks.rng import RandomStateCallback
 from project.callbacks.run_record import RunRecordCallback
-from project.callbacks.stragglers import StragglerCallback
 from project.callbacks.timed_checkpoint import TimedCheckpoint
 from project.callbacks.trainable_set import TrainableSetCallback
 from project.callbacks.unwrap import UnwrapEvalCallback
-from project.parallel.hang import HangRecorder
 from project.run_state import RunState
 
 __all__ = [
@@ -53,7 +51,6 @@ __all__ = [
     "ReplicaGuard",
     "RunRecordCallback",
     "StopOnSignal",
-    "StragglerCallback",
     "TimedCheckpoint",
     "TrainableSetCallback",
     "UnusedParametersCheck",
@@ -69,7 +66,6 @@ def template_callbacks(
     ckpt_path: str | None,
     progress_bar: bool,
     learning_rate: bool = False,
-    stragglers: StragglerCallback | None = None,
     predictions: bool = False,
     stop: StopOnSignal | None = None,
 ) -> list[Callback]:
@@ -81,7 +77,6 @@ def template_callbacks(
         ckpt_path: The checkpoint this process starts from, for the same-checkpoint-on-every-rank check.
         progress_bar: Add :class:`ProgressBar` (Lightning's rich bar, redrawn at most 10 times a second).
         learning_rate: Add :class:`LearningRateCallback` (the plan scales or warms up the learning rate).
-        stragglers: Straggler detection, configured by the ``parallel`` section (``None``: off).
         predictions: Add :class:`PredictionsWriter` (``predict``, when the config lists no prediction writer).
         stop: The stop on a signal (``fit``): every rank stops at the same step and saves it.
     """
@@ -94,8 +89,6 @@ def template_callbacks(
     own.append(UnusedParametersCheck())  # DDP: parameters that got no gradient, named before the first step
     # DDP reduces what trains now (fine-tuning), the trainable set survives a resume; replicas compared at each save
     own += [TrainableSetCallback(), ReplicaGuard(state.built)]
-    own += [stragglers] if stragglers is not None else []
-    own.append(HangRecorder())  # several processes: at a stall every rank's stacks in hang/, the stuck rank named
     own += [PredictionsWriter()] if predictions else []
     own += [stop] if stop is not None else []
     return [*own, ProgressBar()] if progress_bar else own

@@ -18,9 +18,8 @@ import torch.distributed as dist
 
 from project.callbacks.finite import gather_ranks
 from project.errors import RunFailure
+from project.layers import first_answer, observed
 from project.parallel.collectives import process_group_size
-from project.parallel.hang import stalled_ranks
-from project.parallel.hang.records import waiting_in
 
 POINTS = ("setup", "fit_start", "train_epoch_end", "validation_epoch_end", "test_start", "fit_end")
 
@@ -40,7 +39,8 @@ def synchronize(name: str, timeout_s: float) -> float:
     timeout = timedelta(seconds=timeout_s)
     try:
         if dist.get_backend() == "gloo":
-            with waiting_in("monitored_barrier", name, timeout_s):  # the Flight Recorder does not see it
+            # The Flight Recorder does not see this wait: a layer may (the hang report records it).
+            with observed("observe_wait", "monitored_barrier", name, timeout_s):
                 dist.monitored_barrier(timeout=timeout, wait_all_ranks=True)
         else:
             work = dist.barrier(async_op=True)
@@ -49,7 +49,8 @@ def synchronize(name: str, timeout_s: float) -> float:
     except RuntimeError as error:
         detail = str(error).splitlines()[0] if str(error) else "timed out"
         failed = f"barrier '{name}' failed on rank {dist.get_rank()} after {time.perf_counter() - start:.1f} s"
-        stalled = stalled_ranks(f"{failed} (timeout {timeout_s:g} s)")  # every rank's record: who is where
+        # A layer's line naming who is where (the hang report: every rank's record); else the backend's own words.
+        stalled = first_answer("explain_stall", f"{failed} (timeout {timeout_s:g} s)")
         raise BarrierTimeoutError(
             f"{failed} (timeout {timeout_s:g} s): {stalled or detail}" + (f" ({detail})" if stalled else "")
         ) from error

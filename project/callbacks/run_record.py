@@ -1,4 +1,7 @@
-"""Write ``plan.json`` into the run directory: the resolved plan, what the Trainer built, what guarantees hold."""
+"""Write ``plan.json`` into the run directory: the resolved plan, what the Trainer built, what guarantees hold.
+
+A callback with a ``plan_record(trainer) -> dict`` method (a layer's: the elastic job's range) adds its entries.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ from typing import Any
 
 import lightning as L
 
-from project.callbacks.elastic import ElasticCallback
 from project.checkpoints.atomic import atomic_write_text
 from project.run_state import RunState
 from project.runs import run_directory
@@ -67,7 +69,7 @@ class RunRecordCallback(L.Callback):
         if plan is None:
             record["world_size"] = trainer.world_size
         record["guarantees"] = dict(self.state.guarantees)
-        elastic = next((c for c in trainer.callbacks if isinstance(c, ElasticCallback)), None)
-        if elastic is not None:  # torchrun --nnodes MIN:MAX: the range, what a loss costs, where changes go
-            record["elastic"] = elastic.record(trainer)
+        for callback in trainer.callbacks:  # a layer's entries (elastic: the range, what a loss costs)
+            entries = getattr(callback, "plan_record", None)
+            record.update(entries(trainer) if callable(entries) else {})
         atomic_write_text(f"{log_dir}/plan.json", json.dumps(record, indent=2, default=str) + "\n")

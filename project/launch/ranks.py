@@ -94,7 +94,7 @@ _FAILURE_NOTE: Callable[[], str | None] | None = None
 def explain_failures_with(note: Callable[[], str | None]) -> None:
     """Have the watcher print ``note()`` (when not ``None``) instead of its line for a rank that ended with an error.
 
-    Set by the rank's own layer (:mod:`project.parallel.hang`): when rank 0's training thread is the stuck one,
+    Set by a layer of the rank (the resilience layer's hang report): when rank 0's training thread is the stuck one,
     another rank ends the run at its timeout, and this process, which cannot import that layer, names rank 0.
     """
     global _FAILURE_NOTE

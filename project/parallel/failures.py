@@ -27,8 +27,8 @@ from torch import nn
 from project.errors import Preempted, RankFailure, RunFailure, UserError, first_line
 from project.launch.ranks import ForkedRank, how_it_ended
 from project.launch.stop_signals import peer_stopped
+from project.layers import first_answer
 from project.lightning_private import launched_processes
-from project.parallel.hang import known_stall, stalled_ranks
 from project.parallel.strategies import built_from_plan
 
 if TYPE_CHECKING:
@@ -180,7 +180,8 @@ def _children_failure(trainer: L.Trainer, failed: list[tuple[int, Any]], lost: b
     if all(p.returncode == Preempted.exit_code for _, p in failed):  # stopped by a signal, not killed
         return Preempted(peer_stopped(", ".join(f"rank {first + local} (pid {p.pid})" for local, p in failed)))
     names = ", ".join(f"rank {first + local} (pid {p.pid}) {how_it_ended(p.returncode)}" for local, p in failed)
-    if lost and (stalled := known_stall()) is not None:  # that rank ended at its timeout, after a stall
+    # That rank ended at its timeout, after a stall a layer recorded (the hang report names who was where).
+    if lost and (stalled := first_answer("explain_stall", None)) is not None:
         return RankFailure(f"{stalled}; {names} at its timeout and rank {rank} stopped the others, {resume}")
     return RankFailure(
         f"{names}; rank {rank} stopped the other ranks of this run. Read that rank's output above "
@@ -195,11 +196,13 @@ def _peer_failure(
     (lost, timed_out), (limit, timeout_name) = how, timeout
     peer = f"rank {1 - rank}" if world_size == 2 else "another rank (the launcher's report names it)"
     detail = _gist(error)
-    if lost and (stalled := known_stall()) is not None:  # the peer ended at its timeout, after a stall
+    # The peer ended at its timeout, after a stall a layer recorded.
+    if lost and (stalled := first_answer("explain_stall", None)) is not None:
         return RankFailure(f"{stalled}; {peer} ended at its timeout ({detail}), {resume}")
     if timed_out and not lost:
-        # Every rank's record (stacks, last collectives, phase), compared: the line names who is where.
-        stalled = stalled_ranks(f"rank {rank}: a collective did not complete within {limit} ({detail})")
+        # A layer's line naming who is where (the hang report: every rank's stacks and last collectives, compared).
+        why = f"rank {rank}: a collective did not complete within {limit} ({detail})"
+        stalled = first_answer("explain_stall", why)
         if stalled is not None:
             return RankFailure(
                 f"rank {rank}: a collective did not complete within {limit}; {stalled}. Fix the code it names, or "

@@ -103,7 +103,7 @@ class ParallelConfig:
     reads, and a new strategy or degree adds a subsection, not more flat fields. What every strategy reads stays
     flat: the batch (global, per-device, accumulation, micro-batch, learning-rate scaling), the processes and their
     launcher (devices, num_nodes, backend, timeout_s, launcher), the model's precision and conversions that apply
-    under any strategy (precision, compile, sync_batchnorm), threads, stragglers and stops. A flat name that moved
+    under any strategy (precision, compile, sync_batchnorm), threads and stops. A flat name that moved
     is refused with its new one (:data:`MOVED_FIELDS`).
 
     Args:
@@ -146,9 +146,6 @@ class ParallelConfig:
             the data-parallel degree, tensor parallel within each group).
         pipeline_parallel: Pipeline parallelism (``size``, ``schedule``, ``microbatches``, ``split_points``):
             the network cut into stages; with data parallelism each stage is replicated (ddp) or sharded (fsdp).
-        straggler_every_n_steps: Gather each rank's compute time every N optimizer steps (0: off) and name
-            a rank slower than the median by ``straggler_factor``.
-        straggler_factor: How many times the median step time a rank must take to be named a straggler.
         cpu_threads: Intra-op threads of each CPU process; ``None``: the cores shared evenly among the
             processes of the node (``OMP_NUM_THREADS``, when set, stands).
         stop_signals: The signals that stop a fit at the same step on every rank, save that step and exit with
@@ -173,8 +170,6 @@ class ParallelConfig:
     launcher: Launcher = "auto"
     compile: bool = False
     precision: Precision = "32"
-    straggler_every_n_steps: int = 50
-    straggler_factor: float = 1.5
     cpu_threads: int | None = None
     stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"])
     stop_grace_s: float = 20.0

@@ -9,6 +9,7 @@ names (stripping that one strips it too).
 from __future__ import annotations
 
 import ast
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,10 @@ def reaches_into_a_layer(source: str, where: Path) -> list[str]:
     return found
 
 
+def _strings(value: object) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, tuple) else []
+
+
 def test_the_core_imports_no_layer() -> None:
     found = [hit for path in core_modules().values() for hit in reaches_into_a_layer(path.read_text(), path)]
     assert found == []
@@ -56,7 +61,8 @@ def test_the_check_finds_an_import_of_a_layer_even_inside_a_function(tmp_path: P
 @pytest.mark.parametrize("layer", installed(), ids=lambda layer: layer.name)
 def test_each_layer_is_a_folder_whose_hooks_import(layer) -> None:
     assert (EXTRAS / layer.name / "layer.py").is_file()
-    paths = [*layer.sections, *layer.callbacks, *layer.on_trainer, *layer.run_stores]
+    # Every hook field: a tuple of ``module:function`` paths (``requires`` names layers, not hooks).
+    paths = [value for f in fields(layer) for value in _strings(getattr(layer, f.name)) if ":" in value]
     for row in layer.commands:
         paths += [p for p in (row.runner, row.arguments, row.settings, row.trainer_kwargs) if p is not None]
     for path in paths:

@@ -11,8 +11,8 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
+from project.callbacks.interval_timer import IntervalTimer
 from project.callbacks.model_checks import unused_parameters_problem
-from project.callbacks.stragglers import IntervalTimer
 from project.errors import RunFailure, UserError
 from project.extras.check import invariance, probes
 from project.extras.check.report import CheckReport

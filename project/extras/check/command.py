@@ -13,7 +13,6 @@ from lightning.pytorch.cli import LightningArgumentParser
 from project.errors import UserError
 from project.extras.check.callback import WARMUP_STEPS, SelfCheckCallback, drill
 from project.extras.check.hang_drill import HangDrill
-from project.parallel.hang import HangRecorder
 
 #: The check's own options: never part of a training config.
 OPTIONS = ("out", "join_timeout_s", "steps", "hang_drill")
@@ -35,8 +34,8 @@ def add_check_arguments(parser: LightningArgumentParser) -> None:
         "--hang-drill",
         action=ActionYesNo,
         default=False,
-        help="Stall the last rank on purpose to show the hang report (hang/ beside --out) and the line a real "
-        "stall ends with, after --join_timeout_s.",
+        help="Stall the last rank on purpose to show the line a real stall ends with, after --join_timeout_s, "
+        "and the hang report (hang/ beside --out) where the resilience layer is installed.",
     )
 
 
@@ -48,19 +47,19 @@ def check_settings(section: Any, config: Any) -> Any:
 def check_trainer_kwargs(config: Any, own: list[Any]) -> dict[str, Any]:
     """Trainer arguments for the check: a few steps, no validation, no logger, no checkpoints, no config file.
 
-    ``own`` are the template callbacks the check keeps (the loader guarantees, compile): the run's
-    layout and sampling are what is checked, its checkpoints and records are not wanted.
+    ``own`` are the template callbacks the check keeps (the loader guarantees, compile) and the layers' (the hang
+    recorder): the run's layout and sampling are what is checked, its checkpoints and records are not wanted. The
+    report's folder is the Trainer's root: a layer that writes beside the run (``hang/``) writes beside the report.
     """
     if config.steps < 1 or config.join_timeout_s <= 0:
         raise UserError(f"--steps={config.steps} must be >= 1 and --join_timeout_s={config.join_timeout_s} > 0")
     if drill("exit"):
         os._exit(3)  # the fire drill: this rank never joins
-    # A stall in the check itself is reported like one in fit: hang/ beside the report.
-    folder = Path(config.out).parent
+    folder = Path(config.out).parent  # a stall in the check itself is reported like one in fit: beside the report
     drills = [HangDrill(WARMUP_STEPS + 1, folder, config.join_timeout_s)] if config.hang_drill else []
-    callbacks = [*own, SelfCheckCallback(config.out, config.join_timeout_s, config.steps), HangRecorder(folder)]
     return {
-        "callbacks": [*callbacks, *drills],
+        "callbacks": [*own, SelfCheckCallback(config.out, config.join_timeout_s, config.steps), *drills],
+        "default_root_dir": str(folder),
         "logger": False,
         "enable_checkpointing": False,
         "enable_progress_bar": False,

@@ -6,10 +6,10 @@ pure), ``watch`` (each rank's watcher over the rendezvous store), ``callback`` (
 
 from __future__ import annotations
 
-from project.parallel.hang.callback import HangRecorder, current_watch
-from project.parallel.hang.watch import HangWatch
+from project.extras.resilience.hang.callback import HangRecorder, current_watch
+from project.extras.resilience.hang.watch import HangWatch
 
-__all__ = ["HangRecorder", "current_watch", "known_stall", "stalled_ranks"]
+__all__ = ["HangRecorder", "current_watch", "explain_stall", "known_stall", "stalled_ranks"]
 
 
 def stalled_ranks(why: str) -> str | None:
@@ -25,6 +25,11 @@ def known_stall() -> str | None:
     """The verdict's line when this run's ranks already recorded a stall (a lost peer ended at its timeout)."""
     watch = current_watch()
     return _with_folder(watch, watch.summary() if watch is not None else None)
+
+
+def explain_stall(why: str | None) -> str | None:
+    """The layer's ``explain_stall`` hook: ``why`` given, :func:`stalled_ranks`; ``None``, :func:`known_stall`."""
+    return stalled_ranks(why) if why is not None else known_stall()
 
 
 def _with_folder(watch: HangWatch | None, line: str | None) -> str | None:

@@ -8,8 +8,14 @@ from pathlib import Path
 
 import yaml
 
-from project.launch.elastic import ElasticJob, detect_elastic, keep_checkpoint_batch, nnodes_argument, parse_range
-from project.parallel.peer_loss import as_saved_at_batch_end
+from project.extras.resilience.elastic.job import (
+    ElasticJob,
+    detect_elastic,
+    keep_checkpoint_batch,
+    nnodes_argument,
+    parse_range,
+)
+from project.extras.resilience.elastic.peer_loss import as_saved_at_batch_end
 from project.plan.config import ParallelConfig
 from project.plan.environment import detect_environment
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from project.callbacks.stragglers import IntervalTimer, Window
+from project.callbacks.interval_timer import IntervalTimer
+from project.extras.resilience.stragglers import Window
 
 from helpers import CPU_DDP, DIGITS, FAST, read_scalars, run_cli, run_dirs
 
@@ -32,7 +33,7 @@ def test_the_clock_sums_closed_intervals_only():
 def test_a_slowed_rank_is_logged_and_named_once(tmp_path):
     slow = ["--trainer.callbacks+=faults.SlowRank", "--trainer.callbacks.init_args.sleep_s", "0.04"]
     args = ["fit", "--config", DIGITS, "--config", FAST, "--config", CPU_DDP, "--trainer.max_epochs", "1"]
-    result = run_cli([*args, "--parallel.straggler_every_n_steps", "3", "--test_after_fit", "false", *slow], tmp_path)
+    result = run_cli([*args, "--stragglers.every_n_steps", "3", "--test_after_fit", "false", *slow], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     warnings = [line for line in result.stderr.splitlines() if "straggler" in line]
     assert len(warnings) == 1, result.stderr[-3000:]

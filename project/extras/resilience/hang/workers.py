@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from project.extras.resilience.hang.records import locate, own_frames
 from project.launch.orphans import die_with_parent
-from project.parallel.hang.records import locate, own_frames
 
 #: A real-time signal nobody else sends (SIGUSR1/2 are schedulers' and users').
 STACKS_SIGNAL = signal.SIGRTMIN + 6

@@ -9,9 +9,9 @@ import sysconfig
 
 import pytest
 
-from project.parallel.hang.records import locate
-from project.parallel.hang.verdict import summary_text, verdict
-from project.parallel.hang.workers import _where
+from project.extras.resilience.hang.records import locate
+from project.extras.resilience.hang.verdict import summary_text, verdict
+from project.extras.resilience.hang.workers import _where
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +21,7 @@ RUN = [["/repo/project/cli.py", 170, "run_command"], [f"{SITE}/lightning/pytorch
 
 
 def record(rank: int, where: str, collectives: list[dict] | None, phase: str = "training step") -> dict:
-    """A rank's record as :func:`project.parallel.hang.records.rank_record` writes it (the fields the verdict reads)."""
+    """A rank's record as :func:`project.extras.resilience.hang.records.rank_record` writes it (what verdicts read)."""
     return {
         "rank": rank,
         "host": "node",

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from project.checkpoints.atomic import atomic_write_text
+from project.extras.resilience.hang.records import last_collectives, rank_record
+from project.extras.resilience.hang.verdict import rank_text, summary_text, verdict
+from project.extras.resilience.hang.workers import WorkerStacks
 from project.parallel.collectives import store_client
-from project.parallel.hang.records import last_collectives, rank_record
-from project.parallel.hang.verdict import rank_text, summary_text, verdict
-from project.parallel.hang.workers import WorkerStacks
 
 #: Seconds between two looks of the watcher.
 POLL_S = 1.0

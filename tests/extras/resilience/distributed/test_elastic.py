@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.callbacks.elastic import read_membership
 from project.checkpoints.sharded import read_checkpoint
 from project.checkpoints.sharded.merge import checkpoint_weights
+from project.extras.resilience.elastic.callback import read_membership
 
 from helpers import CPU_DDP, DIGITS, FAST, REPO, cli_env, every_10_steps, free_port, read_scalars, run_cli, run_dirs
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import lightning as L
 
+from project.extras.resilience.hang.records import PHASE
+from project.extras.resilience.hang.watch import HangWatch
 from project.launch.ranks import explain_failures_with
 from project.lightning_private import launched_processes, process_group_timeout_s
 from project.parallel.collectives import in_process_group
-from project.parallel.hang.records import PHASE
-from project.parallel.hang.watch import HangWatch
 from project.runs import run_directory
 
 #: The stall threshold as a share of the process group's timeout: the records are taken while every rank is

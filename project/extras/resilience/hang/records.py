@@ -30,7 +30,7 @@ _LIBRARY = ("site-packages", "dist-packages")
 
 @dataclass
 class Phase:
-    """Where this rank's loop is: set by :class:`project.parallel.hang.callback.HangRecorder`'s hooks."""
+    """Where this rank's loop is: set by :class:`project.extras.resilience.hang.callback.HangRecorder`'s hooks."""
 
     name: str = "setup"
     step: int | None = None

@@ -1,7 +1,7 @@
 """An elastic torchrun job (``--nnodes MIN:MAX``): a lost node saves what it can, and every size change is recorded.
 
-On a lost peer a survivor saves the last completed step alone (:mod:`project.parallel.peer_loss`: under DDP,
-nothing is redone), says in one line which node was lost, at which step and what happens next, and ends so that
+On a lost peer a survivor saves the last completed step alone (``peer_loss`` beside this module: under DDP, nothing
+is redone), says in one line which node was lost, at which step and what happens next, and ends so that
 torchrun restarts the job on the nodes that remain. On a join torchrun stops the workers with SIGTERM: the stop on
 a signal (:mod:`project.callbacks.preemption`) saves the step it stops at. The restarted run resumes with
 ``--resume auto``; its rank 0 adds the change to ``membership.json`` in the run directory (step, old and new world
@@ -22,8 +22,8 @@ import lightning as L
 from project.callbacks.timed_checkpoint import TimedCheckpoint
 from project.checkpoints.atomic import atomic_write_text
 from project.errors import Preempted
-from project.launch.elastic import ElasticJob, end_job
-from project.parallel.peer_loss import (
+from project.extras.resilience.elastic.job import ElasticJob, end_job
+from project.extras.resilience.elastic.peer_loss import (
     at_step_boundary,
     first_on_this_node,
     leave_broken_group,
@@ -78,15 +78,16 @@ class ElasticCallback(L.Callback):
         """Keep the saved world size until training starts."""
         self._saved_world = state_dict.get("world_size")
 
-    def record(self, trainer: L.Trainer) -> dict[str, Any]:
-        """What plan.json says of the elastic job: its range, what a lost node costs, where the changes are."""
+    def plan_record(self, trainer: L.Trainer) -> dict[str, Any]:
+        """What plan.json says of the elastic job (``elastic``): its range, what a lost node costs, where changes go."""
         if replicated_state(trainer.strategy):
             loss = "nothing: a survivor saves the last completed step (the state is replicated)"
         else:
             loss = "the steps since the newest checkpoint (the state is sharded: none of the survivors holds it)"
         join = "nothing: the stop for the restart saves its step"
         nodes = f"{self.job.min_nodes}:{self.job.max_nodes}"
-        return {"nnodes": nodes, "a_lost_node_costs": loss, "a_join_costs": join, "changes": MEMBERSHIP_FILE}
+        record = {"nnodes": nodes, "a_lost_node_costs": loss, "a_join_costs": join, "changes": MEMBERSHIP_FILE}
+        return {"elastic": record}
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Every rank knows the world size it trains at."""
