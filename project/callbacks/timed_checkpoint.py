@@ -123,6 +123,7 @@ class TimedCheckpoint(ModelCheckpoint):
         )
         self.every_s = every_s
         self.every_n_steps = every_n_steps
+        self.every_n_epochs = every_n_epochs
         self.schedule = SaveSchedule(every_s) if every_s is not None else None
         self._seen_step = -1
         self._start_step = 0
@@ -159,8 +160,8 @@ class TimedCheckpoint(ModelCheckpoint):
             self._note_epoch_end(trainer)
 
     def _note_epoch_end(self, trainer: L.Trainer) -> None:
-        every = self._every_n_epochs
-        if not self._should_skip_saving_checkpoint(trainer) and every >= 1 and (trainer.current_epoch + 1) % every == 0:
+        every = self.every_n_epochs
+        if self._active and not trainer.sanity_checking and every >= 1 and (trainer.current_epoch + 1) % every == 0:
             self._epoch_end_due = True
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
