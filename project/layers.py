@@ -35,6 +35,8 @@ class Layer:
             after the template's own callbacks.
         on_trainer: ``hook(trainer, config, chosen, row)`` run on the built Trainer (e.g. a logger beside it).
         requires: Other layers this one imports (``make strip`` removes it with any of them).
+        trusted_modules: Modules (with their submodules) whose networks an export's ``model.json`` may name:
+            ``rebuild`` imports them unasked, as it does the core's ``project.models`` (rows, not hooks).
     """
 
     name: str
@@ -44,6 +46,7 @@ class Layer:
     callbacks: tuple[str, ...] = ()
     on_trainer: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
+    trusted_modules: tuple[str, ...] = ()
 
 
 @cache
