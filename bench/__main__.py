@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench import pipeline
 from bench.commands import REPO
 from bench.harness import gpu_available, machine, run_all
 from bench.report import from_json, markdown, plot, to_json
+from bench.tasks import row_sets
 from bench.workloads import rows
 
 RESULTS = REPO / "bench" / "results"
@@ -28,18 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--startup", action="store_true", help="only start-up: 1, 2, 4 processes to the first step, and the commands"
     )
-    parser.add_argument(
-        "--chargpt", action="store_true", help="only the character-level GPT's rows (results/chargpt/); with tokens/s"
-    )
-    parser.add_argument(
-        "--pipeline",
-        nargs="?",
-        type=pipeline.schedules_of,
-        const=pipeline.SCHEDULES,
-        default=None,
-        help="only the GPT at 2 pipeline stages, raw pipelining loop and template, with these schedules "
-        "(default 1f1b,gpipe; results/pipeline/)",
-    )
+    for extra in row_sets():  # the layers' own rows (bench/extras/<layer>/rows.py): --chargpt, --pipeline, ...
+        extra.add_arguments(parser)
     parser.add_argument(
         "--processes",
         type=lambda text: {int(n) for n in text.split(",")},
@@ -55,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     default_out = {"quick": RESULTS / "tmp" / "quick", "startup": RESULTS / "startup", "full": RESULTS}[mode]
     if args.processes and mode == "full":  # a subset never replaces the full run's results
         default_out = RESULTS / ("processes-" + "-".join(map(str, sorted(args.processes))))
-    if args.chargpt and mode == "full":
-        default_out = RESULTS / "chargpt"
-    if args.pipeline and mode == "full":
-        default_out = RESULTS / "pipeline"
+    # The last layer whose options were given picks the rows; its full run has its own results folder.
+    picked = [(extra, folder) for extra in row_sets() if (folder := extra.chosen(args)) is not None][-1:]
+    if picked and mode == "full":
+        default_out = picked[0][1]
     out = (args.out or default_out).resolve()
     work = (args.work or RESULTS / "tmp" / mode).resolve()
     repeats = args.repeats or (1 if args.quick else 3)
@@ -71,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         if not has_gpu:
             gpu_note = f"skipped: {gpu_note}"
         print(f"bench ({mode}): {repeats} repeat(s); GPU row: {gpu_note}", flush=True)
-        found = rows(args.quick, has_gpu and not args.startup, args.ablate, args.startup, args.chargpt)
-        found = pipeline.rows(args.quick, args.pipeline) if args.pipeline else found
+        found = rows(args.quick, has_gpu and not args.startup, args.ablate, args.startup)
+        found = picked[0][0].rows(args, args.quick, has_gpu and not args.startup) if picked else found
         found = [row for row in found if not args.processes or row.processes in args.processes]
         results = run_all(found, repeats, work, args.threads, args.quick, log=lambda line: print(line, flush=True))
         info = machine()

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from bench.record import OUT_ENV, WARMUP_ENV
+from bench.tasks import raw_pipeline
 from bench.workloads import Row, Workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +102,7 @@ def command(variant: str, row: Row, data: Path, config: Path) -> list[str]:
     python = sys.executable
     workload = row.workload
     if variant == "raw":
-        name = "bench/raw_pipeline.py" if row.pipeline else "bench/raw.py"
+        name = raw_pipeline(workload.task) if row.pipeline else "bench/raw.py"
         script = [str(REPO / name), "--data", str(data), "--warmup", str(workload.warmup)]
         script += workload.script_args() + (row.pipeline.raw_args() if row.pipeline else [])
         if row.device == "gpu":

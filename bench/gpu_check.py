@@ -14,8 +14,8 @@ after a warm-up, time to the first step, final loss, weights checksum). The tabl
 same order, so their final losses must agree (within the bench's GPU tolerance; the command fails otherwise);
 compiled kernels round differently, so the compiled rows show their loss beside the eager one without a verdict.
 
-``--workload chargpt`` runs the character-level GPT of ``configs/chargpt.yaml`` (AdamW, 32 x 128 tokens) the same
-ways instead, into ``bench/results/gpu_check-chargpt.md``.
+``--workload NAME`` runs a layer's workload the same ways instead (its ``rows.py``'s ``GPU_CHECK``, ``bench/tasks.py``;
+``chargpt``: the GPT layer's), into ``bench/results/gpu_check-NAME.md``.
 
 Without a GPU it refuses in one line (exit code 2). ``--cpu-dry-run`` runs the same ways on the CPU with a tiny
 workload (bf16 through CPU autocast), to check the script itself; its timings mean nothing.
@@ -36,15 +36,15 @@ from typing import Any
 
 from bench.commands import REPO, environment, prepare_data, write_template_config
 from bench.harness import LOSS_RTOL, RUN_TIMEOUT_S, gpu_available, machine
-from bench.workloads import CHARGPT, GPU, QUICK_CHARGPT, Workload
+from bench.tasks import row_sets
+from bench.workloads import GPU, Workload
 
 RESULTS = REPO / "bench" / "results"
 #: The dry run's workload: the GPU workload's shape, small enough for seconds on a CPU.
 DRY = replace(GPU, name="gpu-dry", hidden=64, batch_size=32, steps=12, warmup=2)
-#: ``--workload`` -> (the GPU's workload, the dry run's).
-WORKLOADS = {
-    "mlp": (GPU, DRY),
-    "chargpt": (replace(CHARGPT, name="gpu-chargpt", steps=300, warmup=50), replace(QUICK_CHARGPT, steps=12, warmup=2)),
+#: ``--workload`` -> (the GPU's workload, the dry run's): the MLP, and the layers' (``chargpt``: the GPT layer's).
+WORKLOADS = {"mlp": (GPU, DRY)} | {
+    name: pair for extra in row_sets() for name, pair in getattr(extra, "GPU_CHECK", {}).items()
 }
 
 
@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         "--cpu-dry-run", action="store_true", help="the same ways, tiny, on the CPU (checks the script)"
     )
     parser.add_argument("--repeats", type=int, default=1, help="runs of each way, interleaved (default 1)")
-    parser.add_argument("--workload", choices=tuple(WORKLOADS), default="mlp", help="the MLP (default) or the GPT")
+    parser.add_argument(
+        "--workload", choices=tuple(WORKLOADS), default="mlp", help="the MLP (default) or a layer's workload"
+    )
     parser.add_argument("--ways", default=None, help=f"comma-separated subset of: {', '.join(w.key for w in WAYS)}")
     parser.add_argument("--threads", type=int, default=1, help="intra-op CPU threads per process (0: torch's default)")
     parser.add_argument("--out", type=Path, default=None, help="where gpu_check.md goes (default bench/results)")

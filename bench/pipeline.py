@@ -1,25 +1,22 @@
-"""``python -m bench --pipeline``: the GPT cut into pipeline stages, the template beside the raw pipelining loop.
+"""A row cut into pipeline stages: its layout, and the table that sets the template beside the raw pipelining loop.
 
-The raw loop (``bench/raw_pipeline.py``) is the reference: ``torch.distributed.pipelining``'s ``PipelineStage`` and
-schedule, written as its docs show, on the same GPT, data, AdamW, micro-batches and schedule as the template's
+The rows come from a layer (``bench/tasks.py``: a ``rows.py`` picks them, its task's ``RAW_PIPELINE`` is the raw
+loop). The raw loop is the reference: ``torch.distributed.pipelining``'s ``PipelineStage`` and schedule, written as
+its docs show, on the same network, data, optimizer, micro-batches and schedule as the template's
 ``--parallel.pipeline_parallel.*``. The table's pipeline section gives template / raw per repeat (paired: the two
 ways of a repeat run one after the other) with its range; the target is at least 0.95x.
 """
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from bench.harness import RowResult
-from bench.workloads import CHARGPT, QUICK_CHARGPT, Row
+if TYPE_CHECKING:
+    from bench.harness import RowResult
 
 #: template / raw tokens/s the pipeline rows aim for (the raw loop is the reference).
 TARGET = 0.95
-SCHEDULES = ("1f1b", "gpipe")
-#: configs/chargpt.yaml's GPT and batch: a step takes about as long as one process's (two stages, two cores), so
-#: fewer steps than the DDP rows, still two 50-step windows after the warm-up.
-PIPELINE_CHARGPT = replace(CHARGPT, steps=120, warmup=20)
 
 
 @dataclass(frozen=True)
@@ -41,7 +38,7 @@ class Pipeline:
         return f"PP {self.stages}, {self.schedule.upper()}, {self.microbatches} micro-batches, gloo"
 
     def raw_args(self) -> list[str]:
-        """``bench/raw_pipeline.py``'s pipeline arguments."""
+        """The raw pipelining loop's pipeline arguments."""
         return ["--schedule", self.schedule, "--microbatches", str(self.microbatches)]
 
     def template_args(self) -> list[str]:
@@ -54,25 +51,6 @@ class Pipeline:
         ]  # fmt: skip
 
 
-def schedules_of(text: str) -> tuple[str, ...]:
-    """``--pipeline``'s value, e.g. ``1f1b,gpipe``, as schedule names.
-
-    Raises:
-        argparse.ArgumentTypeError: a name that is not one of :data:`SCHEDULES` (argparse prints it in one line).
-    """
-    names = tuple(name.strip().lower() for name in text.split(","))
-    unknown = sorted(set(names) - set(SCHEDULES))
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown pipeline schedule(s) {unknown}; choose from {','.join(SCHEDULES)}")
-    return names
-
-
-def rows(quick: bool, schedules: tuple[str, ...] = SCHEDULES) -> list[Row]:
-    """The GPT at 2 stages on 2 processes (one pipeline, no data parallelism), raw and template, per schedule."""
-    workload = QUICK_CHARGPT if quick else PIPELINE_CHARGPT
-    return [Row(workload, 2, variants=("raw", "template"), pipeline=Pipeline(2, name)) for name in schedules]
-
-
 def pipeline_table(results: list[RowResult]) -> list[str]:
     """A ``## Pipeline parallelism`` section: tokens/s of both ways, template / raw per repeat and its range."""
     found = [result for result in results if result.row.pipeline is not None]
@@ -81,7 +59,8 @@ def pipeline_table(results: list[RowResult]) -> list[str]:
     lines = [
         "## Pipeline parallelism",
         "",
-        "The raw loop (`bench/raw_pipeline.py`: `PipelineStage` and the same schedule, as torch's docs write it) is "
+        "The raw loop (the task's `raw_pipeline.py`: `PipelineStage` and the same schedule, as torch's docs write "
+        "it) is "
         f"the reference. template / raw: the median over the repeats of each repeat's ratio (the two ran one after "
         f"the other), with the range over the repeats; target >= {TARGET:.2f}x. Noise: (max - min) / median of "
         "each way's tokens/s over the repeats. Load: the 1-minute load average at the end of each run, lowest to "

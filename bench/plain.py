@@ -22,8 +22,8 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, Dataset
 
-from bench import chargpt
 from bench.raw import network, optimizer_of, training_set
+from bench.tasks import tasks
 from bench.timing import StepTimer
 from project.parallel.samplers import GlobalBatchSampler
 from project.parallel.strategies import ddp_buffer_kwargs
@@ -70,7 +70,7 @@ class PlainData(L.LightningDataModule):
 def main() -> None:
     parser = argparse.ArgumentParser(description="Plain Lightning with Trainer defaults.")
     parser.add_argument("--data", required=True)
-    parser.add_argument("--task", choices=("classification", "regression", chargpt.TASK), default="classification")
+    parser.add_argument("--task", choices=("classification", "regression", *tasks()), default="classification")
     parser.add_argument("--block-size", type=int, default=0)
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--hidden", type=int, default=256)

@@ -4,7 +4,7 @@
     torchrun --standalone --nproc-per-node 2 bench/raw.py --data train.pt ...   # DDP, gloo on CPU
 
 It trains the template's own network (``DigitsNet`` with cross-entropy, ``--task regression``: ``MLP``
-with MSE, ``--task chargpt``: the GPT on windows of the help text, see ``bench/chargpt.py``) on the same
+with MSE, ``--task NAME``: a layer's task, see ``bench/tasks.py``, e.g. the GPT on windows of text) on the same
 tensors in the same order as the template (``GlobalBatchSampler`` is a
 ``DistributedSampler`` whose global batches do not depend on the world size), so its final loss can be
 compared with the Lightning runs. No Lightning import.
@@ -24,8 +24,9 @@ from torch.utils.data import DataLoader, TensorDataset
 # Run as a script (`python bench/raw.py`, as torchrun does): make the repository importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import chargpt
 from bench.record import StepClock, weights_checksum, write_record
+from bench.tasks import task as task_of
+from bench.tasks import tasks
 from project.models.digits_net import DigitsNet
 from project.models.mlp import MLP
 from project.parallel.samplers import GlobalBatchSampler
@@ -38,19 +39,19 @@ def synchronize():
     dist.barrier()
 
 
-def network(task, in_features, hidden, block_size=0):
-    """The network and loss of the task: what the template's Classifier, Regressor or LanguageModel computes."""
-    if task == chargpt.TASK:
-        return chargpt.network(hidden, block_size)
-    if task == "regression":
+def network(name, in_features, hidden, block_size=0):
+    """The network and loss of the task: what the template's Classifier, Regressor or a layer's module computes."""
+    if (extra := task_of(name)) is not None:
+        return extra.network(hidden, block_size)
+    if name == "regression":
         return MLP(in_features, hidden, out_features=1, depth=2), lambda out, y: F.mse_loss(out.squeeze(-1), y)
     return DigitsNet(in_features=in_features, hidden=hidden, dropout=0.0, batch_norm=True), F.cross_entropy
 
 
-def training_set(task, data, block_size):
-    """The dataset of the harness's file and its collate_fn: tensors {x, y}, or the GPT's text {tokens}."""
-    if task == chargpt.TASK:
-        return chargpt.windows(data["tokens"], block_size)
+def training_set(name, data, block_size):
+    """The dataset of the harness's file and its collate_fn: tensors {x, y}, or a layer's task's (text {tokens})."""
+    if (extra := task_of(name)) is not None:
+        return extra.training_set(data, block_size)
     return TensorDataset(data["x"], data["y"]), None
 
 
@@ -64,9 +65,9 @@ def optimizer_of(name, parameters, lr, momentum):
 def parse_args():
     parser = argparse.ArgumentParser(description="Raw PyTorch training loop (the seed's recipe).")
     parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
-    parser.add_argument("--data", required=True, help="torch.save'd {'x', 'y'} training tensors ({'tokens'}: chargpt)")
-    parser.add_argument("--task", choices=("classification", "regression", chargpt.TASK), default="classification")
-    parser.add_argument("--block-size", type=int, default=0, help="characters per sample (chargpt)")
+    parser.add_argument("--data", required=True, help="torch.save'd {'x', 'y'} tensors ({'tokens'}: a text task)")
+    parser.add_argument("--task", choices=("classification", "regression", *tasks()), default="classification")
+    parser.add_argument("--block-size", type=int, default=0, help="tokens per sample (a text task)")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32, help="per process")

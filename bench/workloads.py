@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from bench import chargpt
+from bench.tasks import task
 
 if TYPE_CHECKING:
     from bench.pipeline import Pipeline
@@ -24,7 +24,7 @@ class Workload:
         name: Short name used in file names.
         title: What the table calls it.
         hidden: Width of the two hidden layers: DigitsNet's (each followed by BatchNorm, no dropout) for
-            ``classification``, ``project.models.mlp.MLP``'s for ``regression``; the GPT's ``n_embd`` for ``chargpt``.
+            ``classification``, ``project.models.mlp.MLP``'s for ``regression``; a layer's task reads it its way.
         batch_size: Samples per step per process.
         steps: Optimizer steps per run.
         warmup: Steps left out of the throughput.
@@ -37,9 +37,9 @@ class Workload:
         eval_fraction: Share of the data held out for validation, and again for the test.
         max_processes: The most processes any row runs it with (sizes the data set to one epoch).
         task: ``classification`` (``Classifier``, cross-entropy, ``configs/digits.yaml``), ``regression``
-            (``Regressor``, MSE, a plain datamodule, ``configs/diabetes.yaml``) or ``chargpt`` (``LanguageModel``
-            around a 4-layer GPT on Python's help text, ``configs/chargpt.yaml``; :mod:`bench.chargpt`).
-        block_size: Characters per sample (``chargpt``); 0 for the MLPs.
+            (``Regressor``, MSE, a plain datamodule, ``configs/diabetes.yaml``) or a layer's task
+            (``bench/tasks.py``, e.g. ``chargpt``: the GPT layer's language model).
+        block_size: Tokens per sample (a language model's task); 0 for the MLPs.
         optimizer: ``sgd`` (with ``momentum``) or ``adamw`` (its defaults but ``lr``).
     """
 
@@ -70,14 +70,14 @@ class Workload:
     @property
     def base_config(self) -> str:
         """The template's own config for the task, which the workload is layered over (relative to the repo)."""
-        if self.task == chargpt.TASK:
-            return chargpt.BASE_CONFIG
+        if (extra := task(self.task)) is not None:
+            return extra.BASE_CONFIG
         return "configs/diabetes.yaml" if self.task == "regression" else "configs/digits.yaml"
 
     def net_args(self) -> dict[str, Any]:
-        """The network's init_args: DigitsNet's, MLP's for regression, the GPT's for chargpt."""
-        if self.task == chargpt.TASK:
-            return chargpt.net_args(self)
+        """The network's init_args: DigitsNet's, MLP's for regression, a layer's task's own."""
+        if (extra := task(self.task)) is not None:
+            return extra.net_args(self)
         if self.task == "regression":
             return {"in_features": self.in_features, "hidden": self.hidden, "out_features": 1, "depth": 2}
         return {
@@ -91,16 +91,16 @@ class Workload:
     @property
     def data_class(self) -> str:
         """The datamodule's class path."""
-        if self.task == chargpt.TASK:
-            return chargpt.DATA_CLASS
+        if (extra := task(self.task)) is not None:
+            return extra.DATA_CLASS
         if self.task == "regression":
             return "bench.regression.SyntheticRegression"
         return "project.data.synthetic.SyntheticDataModule"
 
     def data_args(self) -> dict[str, Any]:
         """The datamodule's init_args."""
-        if self.task == chargpt.TASK:
-            return chargpt.data_args(self)
+        if (extra := task(self.task)) is not None:
+            return extra.data_args(self)
         if self.task == "regression":
             return {
                 "num_samples": self.num_samples,
@@ -121,8 +121,8 @@ class Workload:
 
     def template_config(self) -> dict[str, Any]:
         """The config layered over :attr:`base_config`: this workload's net, data, optimizer and steps."""
-        if self.task == chargpt.TASK:
-            model = chargpt.model_config(self)
+        if (extra := task(self.task)) is not None:
+            model = extra.model_config(self)
         elif self.task == "regression":
             net = {"class_path": "project.models.mlp.MLP", "init_args": self.net_args()}
             model = {"class_path": "project.models.regressor.Regressor", "init_args": {"model": net}}
@@ -227,21 +227,12 @@ QUICK_REGRESSION = replace(REGRESSION, steps=60, warmup=10)
 GPU = replace(MID, name="gpu", steps=600, warmup=100, max_processes=1)
 
 
-#: ``--chargpt``: the character-level GPT of configs/chargpt.yaml (AdamW at its rate); the table adds tokens/s.
-CHARGPT = Workload(
-    "chargpt", "char GPT 4x128 (0.83 M), 32 x 128 tokens", hidden=128, batch_size=32, steps=150, warmup=25,
-    lr=1e-3, task=chargpt.TASK, block_size=128, optimizer="adamw",
-)  # fmt: skip
-QUICK_CHARGPT = replace(CHARGPT, title="char GPT 4x32, 8 x 32 tokens", hidden=32, batch_size=8, block_size=32, steps=30)
-# Four processes share two cores: fewer steps for the 2-D (FSDP x TP) row, the same model and batch per process.
-CHARGPT_4 = replace(CHARGPT, steps=60, warmup=10, max_processes=4)
-
 #: ``--startup``: the small MLP on 1, 2 and 4 processes, few steps: command to first step is what is measured.
 STARTUP = replace(SMALL, name="startup", steps=120, warmup=20, max_processes=4)
 
 
-def rows(quick: bool, gpu: bool, ablate: bool = False, startup: bool = False, gpt: bool = False) -> list[Row]:
-    """The throughput rows of a run.
+def rows(quick: bool, gpu: bool, ablate: bool = False, startup: bool = False) -> list[Row]:
+    """The throughput rows of a run (a layer's options pick its own rows instead: ``bench/tasks.py``).
 
     Args:
         quick: The seconds-long code-path check.
@@ -249,21 +240,11 @@ def rows(quick: bool, gpu: bool, ablate: bool = False, startup: bool = False, gp
         ablate: Also run the template without the callbacks that act on every step, and once with its
             per-step hooks timed.
         startup: Only the start-up rows (1, 2 and 4 processes, raw, plain and template, few steps).
-        gpt: Only the character-level GPT's rows (1 process every way, 2 processes raw and template; the template
-            with tensor parallel 2 on 2 processes and FSDP 2 x TP 2 on 4).
     """
     if startup:
         return [Row(STARTUP, n, variants=("raw", "plain", "template")) for n in (1, 2, 4)]
     if ablate:
-        return [replace(row, variants=(*row.variants, "lean", "hooks")) for row in rows(quick, gpu, gpt=gpt)]
-    if gpt:
-        workload = QUICK_CHARGPT if quick else CHARGPT
-        found = [Row(workload, 1, variants=("raw", "plain", "template") if quick else Row.variants)]
-        found.append(Row(workload, 2, variants=("raw", "template")))
-        if not quick:  # tensor parallelism has no raw loop here: the template's tokens/s beside the rows above
-            found.append(Row(workload, 2, variants=("template",), tensor_parallel=2))
-            found.append(Row(CHARGPT_4, 4, variants=("template",), tensor_parallel=2, fsdp=True))
-        return found + ([Row(workload, 1, "gpu")] if gpu and not quick else [])
+        return ablated(rows(quick, gpu))
     if quick:
         return [
             Row(QUICK_SMALL, 1, variants=("raw", "plain", "template")),
@@ -274,6 +255,11 @@ def rows(quick: bool, gpu: bool, ablate: bool = False, startup: bool = False, gp
     if gpu:
         found.append(Row(GPU, 1, "gpu"))
     return found
+
+
+def ablated(found: list[Row]) -> list[Row]:
+    """``--ablate``: each row also run as the template without its per-step callbacks, and with its hooks timed."""
+    return [replace(row, variants=(*row.variants, "lean", "hooks")) for row in found]
 
 
 #: The throughput targets, per row key: the template's steps/s over each named way's, at least.

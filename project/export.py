@@ -21,12 +21,14 @@ from project.checkpoints.loading import refuse_untrusted_import, safe_load
 from project.dotted import import_object, module_of, names_object
 from project.errors import UserError
 from project.export_program import PROGRAM_FILE, PROGRAM_FORMAT, STATE_DICT_FORMAT, load_program
+from project.layers import installed
 from project.lightning_private import COMPILED_ATTRIBUTE, WRAPPER_ATTRIBUTE, WRAPPER_CLASS_NAMES
 
 EXPORT_WEIGHTS = "model.pt"
 EXPORT_SPEC = "model.json"
-#: The modules whose networks :func:`rebuild` imports unasked (the template's, torch's); others the caller names:
-#: an export is a file people send each other, so its ``model.json`` never chooses what is imported.
+#: The modules whose networks :func:`rebuild` imports unasked (the template's, torch's, and the layers' own
+#: ``trusted_modules``); others the caller names: an export is a file people send each other, so its ``model.json``
+#: never chooses what is imported.
 TRUSTED_MODULES = ("project.models", "torch.nn")
 # Attributes through which wrappers hold the module they wrap: DataParallel/DDP (`module`),
 # torch.compile's, Lightning's and Fabric's wrappers (see project.lightning_private).
@@ -175,6 +177,15 @@ def check_rebuildable(spec: Mapping[str, Any], net: nn.Module) -> None:
         )
 
 
+def _layers_trusted() -> list[str]:
+    """The installed layers' ``trusted_modules``."""
+    # A layer.py imports the command table, which lists the layers as it is imported: importing it first keeps
+    # the listing from starting inside itself in a plain process (rebuild without the CLI).
+    import project.commands  # noqa: F401
+
+    return [module for layer in installed() for module in layer.trusted_modules]
+
+
 def _module_class(path: Any, spec_file: Path, trusted: Iterable[str]) -> type[nn.Module]:
     """The ``nn.Module`` subclass an export's ``model.json`` names, in a trusted module: else refused, nothing run.
 
@@ -182,7 +193,8 @@ def _module_class(path: Any, spec_file: Path, trusted: Iterable[str]) -> type[nn
     """
     plain = isinstance(path, str) and ":" not in path
     fix = f"call rebuild({str(spec_file.parent)!r}, trusted=[{module_of(path)!r}])" if plain else ""
-    roots = (*TRUSTED_MODULES, *((trusted,) if isinstance(trusted, str) else trusted))  # a str is one module
+    asked = (trusted,) if isinstance(trusted, str) else tuple(trusted)  # a str is one module
+    roots = (*TRUSTED_MODULES, *_layers_trusted(), *asked)
     refuse_untrusted_import(path, f"'{spec_file}' names class_path", roots, fix)
     try:
         found = import_object(path)

@@ -47,6 +47,8 @@ class Layer:
             ``None``: only a stall already recorded (a lost peer that ended at its timeout).
         observe_wait: ``hook(op, group, timeout_s)``: a context manager around a wait of the template's own that
             torch's Flight Recorder does not see (the barrier's ``monitored_barrier``), so a stall there is seen.
+        trusted_modules: Modules (with their submodules) whose networks an export's ``model.json`` may name:
+            ``rebuild`` imports them unasked, as it does the core's ``project.models`` (rows, not hooks).
     """
 
     name: str
@@ -60,6 +62,7 @@ class Layer:
     around_plan: tuple[str, ...] = ()
     explain_stall: tuple[str, ...] = ()
     observe_wait: tuple[str, ...] = ()
+    trusted_modules: tuple[str, ...] = ()
 
 
 @cache

@@ -1,1 +1,1 @@
-"""Benchmarks of the optional layers: ``bench/extras/<layer>/`` (``make strip`` removes a layer's with it)."""
+"""The bench's parts that layers add, one folder each (``bench/tasks.py`` finds them; ``make strip`` deletes them)."""

@@ -81,7 +81,7 @@ class TensorDataModule(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not build the {name} set")
         batched = type(dataset) is TensorDataset  # a subclass may change what one sample is
-        # A dataset that gathers a batch itself (``returns_batches``, e.g. chartext.TextWindows) is not collated again.
+        # A dataset that gathers a batch itself (``returns_batches``, e.g. the gpt layer's windows) is not collated.
         collates_itself = batched or getattr(dataset, "returns_batches", False)
         return DataLoader(
             TensorBatches(dataset) if batched else dataset,

@@ -8,7 +8,7 @@ backward. ``sequence`` (a norm or dropout on a slice of the sequence) is refused
 residual stream around it is sharded along the sequence too, which a pattern cannot say; a module's own
 ``parallelize(mesh)`` can apply torch's ``SequenceParallel`` with its neighbours' layouts.
 
-``auto`` knows the template's GPT (:mod:`project.models.gpt`: attention ``q_proj``/``k_proj``/``v_proj`` colwise,
+``auto`` knows the template's GPT (the gpt layer's: attention ``q_proj``/``k_proj``/``v_proj`` colwise,
 ``out_proj`` rowwise; MLP ``up`` colwise, ``down`` rowwise) and, in any ``nn.Sequential``, a Linear followed by
 element-wise modules and a second Linear. A module with a ``parallelize(mesh)`` method parallelizes itself.
 """

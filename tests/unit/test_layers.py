@@ -9,6 +9,7 @@ names (stripping that one strips it too).
 from __future__ import annotations
 
 import ast
+import importlib
 from dataclasses import fields
 from pathlib import Path
 
@@ -68,6 +69,9 @@ def test_each_layer_is_a_folder_whose_hooks_import(layer) -> None:
     for path in paths:
         assert path.startswith(f"{LAYER_PACKAGE}.{layer.name}."), path  # a layer's hooks live in its own folder
         assert callable(hook(path)), path
+    for module in layer.trusted_modules:  # rows, not hooks: the modules an export may name
+        assert f"{module}.".startswith(f"{LAYER_PACKAGE}.{layer.name}."), module
+        assert importlib.import_module(module), module
 
 
 def test_a_layer_imports_only_the_core_itself_and_what_it_requires() -> None:

@@ -1,8 +1,9 @@
 """The raw pipeline-parallel loop, written from the torch.distributed.pipelining docs: the reference of the PP rows.
 
-    torchrun --standalone --nproc-per-node 2 bench/raw_pipeline.py --data train.pt --schedule 1f1b --microbatches 4
+    torchrun --standalone --nproc-per-node 2 bench/extras/gpt/raw_pipeline.py --data train.pt --schedule 1f1b \
+        --microbatches 4
 
-Every process builds the template's GPT (``project.models.gpt``, seeded as the template seeds it) and keeps its
+Every process builds the template's GPT (``project.extras.gpt.gpt``, seeded as the template seeds it) and keeps its
 stage the torchtitan way: the other stage's modules are dropped and the kept ones keep their names
 (``tok_emb``, ``blocks.2``, ``lm_head``), so a stage's state dict is a slice of the whole model's. The stages
 run under ``PipelineStage`` and ``Schedule1F1B`` (or ``ScheduleGPipe``) over gloo, each with its own AdamW.
@@ -20,10 +21,10 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.data import DataLoader
 
-# Run as a script (`torchrun bench/raw_pipeline.py`): make the repository importable.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Run as a script (`torchrun bench/extras/gpt/raw_pipeline.py`): make the repository importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from bench import chargpt
+from bench.extras.gpt import task
 from bench.record import StepClock, write_record
 from project.parallel.samplers import GlobalBatchSampler
 
@@ -31,7 +32,7 @@ SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
 
 
 class GPTStage(nn.Module):
-    """One pipeline stage of ``project.models.gpt.GPT``: its slice of blocks, under the GPT's own names.
+    """One pipeline stage of ``project.extras.gpt.gpt.GPT``: its slice of blocks, under the GPT's own names.
 
     The first stage keeps the embeddings, the last the final LayerNorm and the head; the blocks are split
     evenly (the first stages take one more when they do not divide). ``forward`` is the GPT's, cut at the stage.
@@ -67,7 +68,7 @@ def parse_args() -> argparse.Namespace:
     """The workload's arguments (``bench.workloads.Workload.script_args``) and the pipeline's."""
     parser = argparse.ArgumentParser(description="Raw pipeline-parallel training loop (torch.distributed.pipelining).")
     parser.add_argument("--data", required=True, help="torch.save'd {'tokens'} training text")
-    parser.add_argument("--task", choices=(chargpt.TASK,), default=chargpt.TASK)
+    parser.add_argument("--task", choices=(task.TASK,), default=task.TASK)
     parser.add_argument("--block-size", type=int, default=128, help="characters per sample")
     parser.add_argument("--optimizer", choices=("adamw",), default="adamw")
     parser.add_argument("--hidden", type=int, default=128, help="the GPT's n_embd")
@@ -99,13 +100,13 @@ def main() -> None:
     device = torch.device("cpu")
 
     data = torch.load(args.data, weights_only=True)
-    dataset, collate = chargpt.windows(data["tokens"], args.block_size)
+    dataset, collate = task.training_set(data, args.block_size)
     # One pipeline: every stage reads the whole batch (the first uses the tokens, the last the targets).
     sampler = GlobalBatchSampler(dataset, args.batch_size, num_replicas=1, rank=0, seed=args.data_seed)
     loader = DataLoader(dataset, args.batch_size, sampler=sampler, collate_fn=collate)
 
     torch.manual_seed(args.seed)  # the whole model on every rank, as one process would build it, then cut
-    gpt, loss_fn = chargpt.network(args.hidden, args.block_size)
+    gpt, loss_fn = task.network(args.hidden, args.block_size)
     model = GPTStage(gpt, rank, stages).to(device)
     del gpt
     stage = PipelineStage(model, rank, stages, device)

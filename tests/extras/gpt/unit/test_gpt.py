@@ -9,8 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from project.data.chargpt import CharTextDataModule
-from project.data.chartext import (
+from project.errors import UserError
+from project.export import check_rebuildable, export_network, network_spec, rebuild
+from project.extras.gpt.chargpt import CharTextDataModule
+from project.extras.gpt.chartext import (
     TextWindows,
     corpus_vocabulary,
     decode,
@@ -19,12 +21,10 @@ from project.data.chartext import (
     strided_starts,
     vocabulary,
 )
-from project.errors import UserError
-from project.export import check_rebuildable, export_network, network_spec, rebuild
-from project.models.generate import complete, generate
-from project.models.gpt import GPT, CausalSelfAttention
-from project.models.language_model import LanguageModel
-from project.models.token_rate import TokenRate
+from project.extras.gpt.generate import complete, generate
+from project.extras.gpt.gpt import GPT, CausalSelfAttention
+from project.extras.gpt.language_model import LanguageModel
+from project.extras.gpt.token_rate import TokenRate
 from project.plan.layout import Layout
 
 VOCAB = vocabulary("\n .," + string.ascii_letters)
@@ -227,7 +227,7 @@ def test_tokens_are_counted_once_per_tensor_parallel_group_and_pipeline():
 
 def test_token_rate_counts_training_time_only(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr("project.models.token_rate.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("project.extras.gpt.token_rate.time.perf_counter", lambda: now[0])
     rate = TokenRate()
     assert rate.report() is None
     rate.step(1000)

@@ -11,17 +11,17 @@ from torchmetrics import MeanMetric
 
 from project.errors import UserError
 from project.export import load_weights
-from project.models.generate import complete
+from project.extras.gpt.generate import complete
+from project.extras.gpt.token_rate import TokenRate
 from project.models.hparams import save_config_hyperparameters
 from project.models.step_logging import is_logged_step, log_on_logged_steps
-from project.models.token_rate import TokenRate
 from project.parallel.strategies import layout_of
 
 Batch = tuple[Tensor, Tensor]
 
 
 class LanguageModel(L.LightningModule):
-    """Train a plain next-token network (e.g. :class:`project.models.gpt.GPT`) on ``(x, y)`` id windows.
+    """Train a plain next-token network (e.g. :class:`project.extras.gpt.gpt.GPT`) on ``(x, y)`` id windows.
 
     Logs ``train/loss`` and ``train/tokens_per_s`` (all data-parallel processes' tokens, training time only) on the
     steps the Trainer writes, and ``val/loss`` (mean cross-entropy per character, in nats) over the whole

@@ -13,9 +13,9 @@ import pytest
 
 from helpers import CONFIGS, assert_clean_error, cli_env, read_scalars, run_cli, run_dirs, two_at_a_time
 
-CHARGPT = str(CONFIGS / "chargpt.yaml")
+CHARGPT = str(CONFIGS / "gpt" / "chargpt.yaml")
 NET = "--model.init_args.net.init_args."
-#: configs/chargpt.yaml shrunk to seconds: a 1-layer GPT 16 wide over windows of 16, 6 steps, 4 validation windows.
+#: configs/gpt/chargpt.yaml shrunk to seconds: a 1-layer GPT 16 wide over windows of 16, 6 steps, 4 validation windows.
 TINY = [
     "--config", CHARGPT,
     f"{NET}n_layer", "1", f"{NET}n_head", "2", f"{NET}n_embd", "16", f"{NET}block_size", "16",
@@ -28,7 +28,7 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory) -> Path:
-    """A tiny fit of configs/chargpt.yaml: its run directory."""
+    """A tiny fit of configs/gpt/chargpt.yaml: its run directory."""
     cwd = tmp_path_factory.mktemp("chargpt")
     result = run_cli(["fit", *TINY], cwd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -42,7 +42,7 @@ def test_fit_logs_loss_validation_and_tokens_per_second(fitted):
     assert len(scalars["val/loss"]) == 2 and all(2.0 < value < 6.0 for _, value in scalars["val/loss"])
     assert all(value > 0 for _, value in scalars["train/tokens_per_s"])
     spec = json.loads((fitted / "export" / "model.json").read_text())
-    assert spec["class_path"] == "project.models.gpt.GPT" and len(spec["init_args"]["vocab"]) > 90
+    assert spec["class_path"] == "project.extras.gpt.gpt.GPT" and len(spec["init_args"]["vocab"]) > 90
 
 
 def test_predict_writes_the_continuations_and_the_export_writes_them_again_without_lightning(fitted):
@@ -56,7 +56,7 @@ def test_predict_writes_the_continuations_and_the_export_writes_them_again_witho
     code = (
         "import json, sys\n"
         "from project.export import rebuild\n"
-        "from project.models.generate import complete\n"
+        "from project.extras.gpt.generate import complete\n"
         f"net = rebuild({str(fitted / 'export')!r})\n"
         "texts = [complete(net, p, 24, temperature=0.8, seed=0) for p in json.loads(sys.argv[1])]\n"
         "assert not any(m.startswith(('lightning', 'pytorch_lightning')) for m in sys.modules)\n"

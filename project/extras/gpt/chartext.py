@@ -2,7 +2,7 @@
 
 The corpus is ``pydoc_data.topics.topics`` (the text of ``help()``'s topics, about 465 KB of English and code),
 so nothing is downloaded. Its vocabulary is every character it holds, sorted by code point: the same text always
-gives the same token ids. The network keeps the vocabulary string it was built with (``project.models.gpt``), so
+gives the same token ids. The network keeps the vocabulary string it was built with (``project.extras.gpt.gpt``), so
 generation never needs the corpus again.
 """
 

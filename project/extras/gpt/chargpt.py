@@ -7,16 +7,16 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from project.data.base import TensorDataModule
-from project.data.chartext import TextWindows, encode, load_corpus, split_at, strided_starts, vocabulary
+from project.extras.gpt.chartext import TextWindows, encode, load_corpus, split_at, strided_starts, vocabulary
 
 
 class CharTextDataModule(TensorDataModule):
-    """Windows of ``pydoc_data.topics`` (:func:`project.data.chartext.load_corpus`) for next-character prediction.
+    """Windows of ``pydoc_data.topics`` (:func:`project.extras.gpt.chartext.load_corpus`) for next-character prediction.
 
     Training samples are windows of ``block_size + 1`` characters at every start position of the first
     ``1 - val_fraction`` of the text, drawn at random (an epoch is every start once). Validation is a fixed set:
     non-overlapping windows of the last ``val_fraction``, the first ``val_windows`` of them. ``predict`` runs over
-    ``prompts``: the module continues each one (``project.models.language_model``).
+    ``prompts``: the module continues each one (``project.extras.gpt.language_model``).
 
     Args:
         block_size: Characters the model sees per sample (at most the network's ``block_size``).

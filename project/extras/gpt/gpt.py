@@ -90,7 +90,7 @@ class GPT(nn.Module):
 
     Args:
         vocab: The characters it reads and writes, token ``i`` being ``vocab[i]``; ``None``: the vocabulary of
-            the bundled corpus (:func:`project.data.chartext.corpus_vocabulary`). The resolved string is what
+            the bundled corpus (:func:`project.extras.gpt.chartext.corpus_vocabulary`). The resolved string is what
             ``init_args`` records, so an export carries it.
         block_size: The longest context (positions with an embedding).
         n_layer: Transformer blocks.
@@ -115,7 +115,7 @@ class GPT(nn.Module):
     ) -> None:
         super().__init__()
         if vocab is None:
-            from project.data.chartext import corpus_vocabulary  # only here: a rebuilt export names its vocab
+            from project.extras.gpt.chartext import corpus_vocabulary  # only here: a rebuilt export names its vocab
 
             vocab = corpus_vocabulary()
         if not vocab or len(set(vocab)) != len(vocab):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from project.data.chartext import decode, encode
+from project.extras.gpt.chartext import decode, encode
 
 
 @torch.no_grad()
@@ -28,7 +28,7 @@ def generate(
     sees: the last ``block_size`` tokens). It is run in eval mode (no dropout) and put back as it was.
 
     Args:
-        net: The language model, e.g. :class:`project.models.gpt.GPT`.
+        net: The language model, e.g. :class:`project.extras.gpt.gpt.GPT`.
         prompt_ids: At least one token id.
         n_new: Tokens to generate.
         temperature: Softmax temperature; ``0`` picks the most likely token each time (greedy).
@@ -78,7 +78,7 @@ def complete(
     """The ``n_new`` characters a character-level network (with a ``vocab`` string) writes after ``prompt``.
 
     Args:
-        net: The network, e.g. :class:`project.models.gpt.GPT` or one rebuilt from an export.
+        net: The network, e.g. :class:`project.extras.gpt.gpt.GPT` or one rebuilt from an export.
         prompt: Text made of the network's characters.
         n_new: Characters to generate.
         temperature: See :func:`generate`.

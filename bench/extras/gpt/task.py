@@ -1,8 +1,9 @@
-"""The character-level GPT as a bench workload: its network, data and config for every way (raw, plain, template).
+"""The character-level GPT as a bench task: its network, data and config for every way (raw, plain, template).
 
-No Lightning here, so ``bench/raw.py`` stays raw. The raw and plain ways read the template's own training text
-(``project.data.chargpt``'s first 90 %, encoded, written once by the harness) as the same windows
-(``project.data.chartext.TextWindows``) in the same order (``GlobalBatchSampler``), so all ways do equal work.
+The task ``chargpt`` of ``bench/tasks.py``. No Lightning here, so ``bench/raw.py`` stays raw. The raw and plain ways
+read the template's own training text (``project.extras.gpt.chargpt``'s first 90 %, encoded, written once by the
+harness) as the same windows (``project.extras.gpt.chartext.TextWindows``) in the same order
+(``GlobalBatchSampler``), so all ways do equal work.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ if TYPE_CHECKING:
     from bench.workloads import Workload
 
 TASK = "chargpt"
-BASE_CONFIG = "configs/chargpt.yaml"
-DATA_CLASS = "project.data.chargpt.CharTextDataModule"
-#: The reference point's shape (configs/chargpt.yaml); the workload's ``hidden`` is the width.
+BASE_CONFIG = "configs/gpt/chargpt.yaml"
+DATA_CLASS = "project.extras.gpt.chargpt.CharTextDataModule"
+#: The raw pipelining loop of the rows cut into stages (``python -m bench --pipeline``).
+RAW_PIPELINE = "bench/extras/gpt/raw_pipeline.py"
+#: The reference point's shape (configs/gpt/chargpt.yaml); the workload's ``hidden`` is the width.
 N_LAYER = 4
 N_HEAD = 4
 
@@ -42,13 +45,13 @@ def data_args(workload: Workload) -> dict[str, Any]:
 
 def model_config(workload: Workload) -> dict[str, Any]:
     """The ``model`` section: ``LanguageModel`` around the workload's GPT."""
-    net = {"class_path": "project.models.gpt.GPT", "init_args": net_args(workload)}
-    return {"class_path": "project.models.language_model.LanguageModel", "init_args": {"net": net}}
+    net = {"class_path": "project.extras.gpt.gpt.GPT", "init_args": net_args(workload)}
+    return {"class_path": "project.extras.gpt.language_model.LanguageModel", "init_args": {"net": net}}
 
 
 def network(hidden: int, block_size: int) -> tuple[torch.nn.Module, Any]:
     """The GPT and its loss (mean cross-entropy per token), as ``LanguageModel`` computes it."""
-    from project.models.gpt import GPT
+    from project.extras.gpt.gpt import GPT
 
     net = GPT(block_size=block_size, n_layer=N_LAYER, n_head=N_HEAD, n_embd=hidden, dropout=0.0)
 
@@ -66,8 +69,8 @@ def collated(batch: list[torch.Tensor]) -> list[torch.Tensor]:
     return batch
 
 
-def windows(tokens: torch.Tensor, block_size: int) -> tuple[Any, Any]:
-    """The training windows and their ``collate_fn``."""
-    from project.data.chartext import TextWindows
+def training_set(data: dict[str, torch.Tensor], block_size: int) -> tuple[Any, Any]:
+    """The training windows of the harness's file (``{"tokens"}``) and their ``collate_fn``."""
+    from project.extras.gpt.chartext import TextWindows
 
-    return TextWindows(tokens, block_size), collated
+    return TextWindows(data["tokens"], block_size), collated
