@@ -35,6 +35,8 @@ class Layer:
             after the template's own callbacks.
         on_trainer: ``hook(trainer, config, chosen, row)`` run on the built Trainer (e.g. a logger beside it).
         requires: Other layers this one imports (``make strip`` removes it with any of them).
+        network_exports: ``module:Class`` of an export for a network that no class path rebuilds
+            (:class:`project.network_exports.NetworkExport`): written by UnwrapEvalCallback, read by ``rebuild``.
     """
 
     name: str
@@ -44,6 +46,7 @@ class Layer:
     callbacks: tuple[str, ...] = ()
     on_trainer: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
+    network_exports: tuple[str, ...] = ()
 
 
 @cache
