@@ -1,9 +1,10 @@
 """The seed's DistributedDataParallel recipe, one section per step, in the seed's order.
 
 The seed joins one process per GPU in a process group, wraps the model in DDP, gives each process its share of
-the data with a DistributedSampler, waits at ``synchronize()``, and evaluates ``model.module``. Lightning runs
-the loop here; each section below starts with the seed's line it replaces (docs/parallel.md, "The seed's recipe,
-line by line"). Nothing here imports Lightning when imported: :func:`unwrap` serves the plain-Python export too.
+the data with a DistributedSampler, waits at ``synchronize()`` and evaluates ``model.module``. Each section below
+starts with the seed's lines it replaces (docs/parallel.md, "The seed's recipe, line by line"); its launch and
+``--local_rank`` are :mod:`project.launch.legacy`'s. Importing this module imports no Lightning: :func:`unwrap`
+serves the plain-Python export too.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ if TYPE_CHECKING:
     from project.plan.resolve import Plan
 
 
-# torch.cuda.set_device(local_rank); init_process_group(backend="nccl", init_method="env://")
-# DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank, broadcast_buffers=False)
+# --- 1. The process group and DDP. The seed:
+#   torch.cuda.set_device(local_rank)
+#   torch.distributed.init_process_group(backend="nccl", init_method="env://")
+#   model = DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank, broadcast_buffers=False)
+# Lightning's DDPStrategy sets the device, joins the group and wraps the model; the plan gives it these options.
 def ddp_buffer_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
     """The seed's ``broadcast_buffers`` under the name the installed torch uses.
 
-    torch 2.13 deprecates ``broadcast_buffers`` (FutureWarning) for ``forward_sync_buffers``, which keeps the
-    per-forward meaning; buffers are still synced once at start-up, when every rank holds the same values anyway.
+    torch 2.13 deprecates it (FutureWarning) for ``forward_sync_buffers``, which keeps the per-forward meaning.
     """
     params = inspect.signature(DistributedDataParallel.__init__).parameters
     name = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
@@ -67,7 +70,9 @@ def build_ddp(args: dict[str, Any], backend: str | None, layout: Layout) -> Any:
     return DDPStrategy(**ddp_kwargs(args, backend))
 
 
-# sampler = DistributedSampler(dataset)
+# --- 2. Each process its share of the data. The seed:
+#   sampler = DistributedSampler(dataset)
+# Here the global batch is the same at any world size, and evaluation counts each sample once (no padding).
 def training_sampler(
     loader: Any, plan: Plan, global_rank: int, run_seed: int, limit: int | float
 ) -> tuple[Any, Guarantee]:
@@ -96,18 +101,19 @@ def evaluation_sampler(
     return install_eval_sampler(loader, plan.dp_size, plan.dp_rank(global_rank), stage, limit)
 
 
-# def synchronize():
-#     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1: return
-#     dist.barrier()
+# --- 3. The barrier. The seed:
+#   def synchronize():
+#       if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1: return
+#       dist.barrier()
 class BarrierTimeoutError(RunFailure):
     """Raised when some ranks did not reach a barrier in time."""
 
 
 def synchronize(name: str, timeout_s: float) -> float:
-    """Wait for every rank at barrier ``name``; return this rank's wait in seconds (what BarrierCallback calls).
+    """Wait for every rank at barrier ``name`` (what BarrierCallback calls); return this rank's wait in seconds.
 
-    A no-op (returns 0.0) unless torch.distributed is available, initialised and has > 1 rank. On gloo a
-    monitored barrier names the ranks that did not arrive; elsewhere an asynchronous barrier has the same deadline.
+    A no-op (0.0) unless torch.distributed is available, initialised and has > 1 rank. On gloo a monitored barrier
+    names the ranks that did not arrive; elsewhere an asynchronous barrier has the same deadline.
     """
     if process_group_size() == 1:
         return 0.0
@@ -132,7 +138,8 @@ def synchronize(name: str, timeout_s: float) -> float:
     return time.perf_counter() - start
 
 
-# model = model.module   (at test time)
+# --- 4. Evaluation on the bare model. The seed, at test time:
+#   model = model.module
 #: Attributes through which wrappers hold the module they wrap: DataParallel/DDP (``module``), torch.compile's,
 #: Lightning's and Fabric's wrappers (see project.lightning_private).
 WRAPPER_ATTRS = ("module", COMPILED_ATTRIBUTE, WRAPPER_ATTRIBUTE)
@@ -156,28 +163,20 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def broadcast_buffers_from_rank0(trainer: Any, module: nn.Module) -> None:
-    """Copy rank 0's buffers (e.g. BatchNorm running statistics) to every rank."""
-    if trainer.world_size == 1:
-        return
-    for buffer in module.buffers():
-        buffer.copy_(trainer.strategy.broadcast(buffer, src=0))
-
-
 def evaluate_unwrapped(trainer: Any, pl_module: nn.Module) -> nn.Module | None:
-    """Evaluate the bare module with rank 0's buffers: the DDP wrapper it replaced, for :func:`rewrap`, or ``None``.
+    """Evaluate the bare module with rank 0's buffers (BatchNorm statistics): the DDP wrapper taken off, or ``None``.
 
     A sharded (FSDP) module is not swapped: its forward gathers its parameters itself. Its ranks still evaluate
     rank 0's buffers, which are what its checkpoint holds.
     """
     model = trainer.strategy.model
-    if model is not None and unwrap(model) is not model:
-        broadcast_buffers_from_rank0(trainer, pl_module)
+    swap = model is not None and unwrap(model) is not model
+    if (swap or row_of(trainer.strategy).shards_parameters) and trainer.world_size > 1:
+        for buffer in pl_module.buffers():
+            buffer.copy_(trainer.strategy.broadcast(buffer, src=0))
+    if swap:
         trainer.strategy.model = pl_module
-        return model
-    if row_of(trainer.strategy).shards_parameters:
-        broadcast_buffers_from_rank0(trainer, pl_module)
-    return None
+    return model if swap else None
 
 
 def rewrap(trainer: Any, wrapper: nn.Module | None) -> None:
