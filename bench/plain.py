@@ -25,8 +25,8 @@ from torch.utils.data import DataLoader, Dataset
 from bench.raw import network, optimizer_of, training_set
 from bench.tasks import tasks
 from bench.timing import StepTimer
+from project.parallel.ddp import ddp_buffer_kwargs
 from project.parallel.samplers import GlobalBatchSampler
-from project.parallel.strategies import ddp_buffer_kwargs
 
 
 class PlainModule(L.LightningModule):

@@ -20,9 +20,9 @@ from project.checkpoints.diff import diff_state_dicts
 from project.checkpoints.loading import refuse_untrusted_import, safe_load
 from project.dotted import import_object, module_of, names_object
 from project.errors import UserError
-from project.export_program import PROGRAM_FILE, PROGRAM_FORMAT, STATE_DICT_FORMAT, load_program
 from project.layers import installed
-from project.lightning_private import COMPILED_ATTRIBUTE, WRAPPER_ATTRIBUTE, WRAPPER_CLASS_NAMES
+from project.network_exports import STATE_DICT_FORMAT, network_exports
+from project.parallel.ddp import WRAPPER_ATTRS, unwrap
 
 EXPORT_WEIGHTS = "model.pt"
 EXPORT_SPEC = "model.json"
@@ -30,31 +30,7 @@ EXPORT_SPEC = "model.json"
 #: ``trusted_modules``); others the caller names: an export is a file people send each other, so its ``model.json``
 #: never chooses what is imported.
 TRUSTED_MODULES = ("project.models", "torch.nn")
-# Attributes through which wrappers hold the module they wrap: DataParallel/DDP (`module`),
-# torch.compile's, Lightning's and Fabric's wrappers (see project.lightning_private).
-_WRAPPER_ATTRS = ("module", COMPILED_ATTRIBUTE, WRAPPER_ATTRIBUTE)
-_WRAPPER_PREFIXES = tuple(f"{attr}." for attr in _WRAPPER_ATTRS)
-
-
-def _is_wrapper(model: nn.Module) -> bool:
-    if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-        return True
-    # Matched by name so that this module never imports Lightning or torch._dynamo.
-    return type(model).__name__ == "OptimizedModule" or type(model).__name__ in WRAPPER_CLASS_NAMES
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """Return the bare module under DataParallel, DDP, torch.compile and Lightning/Fabric wrappers.
-
-    This is the seed's ``model = model.module``, for any depth of nesting.
-    """
-    seen = 0
-    while _is_wrapper(model):
-        inner = next((getattr(model, attr) for attr in _WRAPPER_ATTRS if hasattr(model, attr)), None)
-        if not isinstance(inner, nn.Module) or seen > 32:
-            break
-        model, seen = inner, seen + 1
-    return model
+_WRAPPER_PREFIXES = tuple(f"{attr}." for attr in WRAPPER_ATTRS)
 
 
 def _state_dict_of(obj: Any, path: Path) -> dict[str, torch.Tensor]:
@@ -236,27 +212,29 @@ def rebuild(folder: str | os.PathLike[str], trusted: Iterable[str] = ()) -> nn.M
 
     ``model.json`` says how. ``{"class_path", "init_args"}``: the class is built (an ``nn.Module`` subclass only)
     and ``model.pt`` loaded into it; needs torch and the network's module, within :data:`TRUSTED_MODULES` or
-    ``trusted`` (``trusted=["mypkg.nets"]``): the file never chooses what is imported. ``{"format": "torch.export"}`` (a
-    network built in a LightningModule's ``__init__``): the program ``model.pt2`` is loaded, with torch alone,
-    as a callable module that stays in eval mode (see :func:`project.export_program.load_program`).
+    ``trusted`` (``trusted=["mypkg.nets"]``): the file never chooses what is imported. Another ``format``: the
+    layer's :class:`NetworkExport` of that format loads it (a network built in a LightningModule's ``__init__``).
 
     Raises:
-        UserError: no export there, a refused ``model.json`` (untrusted, no network) or program, a state dict only.
+        UserError: no export there, a refused ``model.json`` (untrusted, no network) or file, a state dict only.
     """
     spec_file = Path(folder) / EXPORT_SPEC
     if not spec_file.is_file():
         raise UserError(f"'{spec_file}' does not exist; export/ is written at the end of `fit`")
     spec = json.loads(spec_file.read_text())
     kind = spec.get("format")
-    if kind == PROGRAM_FORMAT:
-        return load_program(Path(folder) / PROGRAM_FILE)
     if kind == STATE_DICT_FORMAT:
         raise UserError(
-            f"'{spec_file}': this export holds the state dict {EXPORT_WEIGHTS} of {spec.get('network')} only (no "
-            f"program: {spec.get('reason')}); build the network in your code and load_weights(net, '{EXPORT_WEIGHTS}')"
+            f"'{spec_file}': this export holds the state dict {EXPORT_WEIGHTS} of {spec.get('network')} only "
+            f"({spec.get('reason')}); build the network in your code and load_weights(net, '{EXPORT_WEIGHTS}')"
         )
     if kind is not None:
-        raise UserError(f"'{spec_file}' has format {kind!r}; this version rebuilds class paths and {PROGRAM_FORMAT}")
+        exports = network_exports()
+        for export in exports:
+            if export.format == kind:
+                return export.load(Path(folder), spec)
+        known = " and ".join(["class paths", *(export.format for export in exports)])
+        raise UserError(f"'{spec_file}' has format {kind!r}; this version rebuilds {known}")
     net = _module_class(spec.get("class_path"), spec_file, trusted)(**spec.get("init_args", {}))
     load_weights(net, Path(folder) / EXPORT_WEIGHTS)
     return net.eval()

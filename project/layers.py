@@ -49,6 +49,8 @@ class Layer:
             torch's Flight Recorder does not see (the barrier's ``monitored_barrier``), so a stall there is seen.
         trusted_modules: Modules (with their submodules) whose networks an export's ``model.json`` may name:
             ``rebuild`` imports them unasked, as it does the core's ``project.models`` (rows, not hooks).
+        network_exports: ``module:Class`` of an export for a network that no class path rebuilds
+            (:class:`project.network_exports.NetworkExport`): written by UnwrapEvalCallback, read by ``rebuild``.
     """
 
     name: str
@@ -63,6 +65,7 @@ class Layer:
     explain_stall: tuple[str, ...] = ()
     observe_wait: tuple[str, ...] = ()
     trusted_modules: tuple[str, ...] = ()
+    network_exports: tuple[str, ...] = ()
 
 
 @cache

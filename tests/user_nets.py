@@ -3,9 +3,9 @@
 Plugged in by class path (``tests/`` is on PYTHONPATH for CLI runs):
 
 - :class:`SequentialClassifier`: ``self.net = nn.Sequential(...)`` (with BatchNorm and Dropout, which an export
-  must capture in eval mode), exported as a torch.export program.
-- :class:`GatedClassifier`: a custom network whose ``forward`` branches on the data, which torch.export cannot
-  capture.
+  must capture in eval mode).
+- :class:`GatedClassifier`: a custom network whose ``forward`` branches on the data, which a graph capture
+  (torch.export) cannot follow.
 """
 
 from __future__ import annotations

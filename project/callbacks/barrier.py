@@ -1,60 +1,21 @@
-"""The seed's ``synchronize()``: a named barrier at chosen points that never hangs silently.
+"""The seed's ``synchronize()`` at chosen points of a run: a named barrier that never hangs silently.
 
-On one process it does nothing (as the seed's helper returns when world size is 1). Otherwise every
-rank waits at a *monitored* barrier: on gloo, ``torch.distributed.monitored_barrier`` names the ranks
-that did not arrive within ``timeout_s``; on other backends an asynchronous barrier is waited on with
-the same deadline. Each rank's wait is measured, gathered, and the slowest and fastest are logged as
-``barrier/<point>/wait_s_max`` and ``barrier/<point>/wait_s_min`` so stragglers show up in TensorBoard.
+The barrier itself is :func:`project.parallel.ddp.synchronize`: on one process it does nothing (as the seed's
+helper returns when world size is 1); otherwise every rank waits at a *monitored* barrier that names the ranks
+that did not arrive within ``timeout_s``. Each rank's wait is measured, gathered, and the slowest and fastest
+are logged as ``barrier/<point>/wait_s_max`` and ``barrier/<point>/wait_s_min`` so stragglers show up in
+TensorBoard.
 """
 
 from __future__ import annotations
 
-import time
-from datetime import timedelta
-
 import lightning as L
 import torch
-import torch.distributed as dist
 
 from project.callbacks.finite import gather_ranks
-from project.errors import RunFailure
-from project.layers import first_answer, observed
-from project.parallel.collectives import process_group_size
+from project.parallel.ddp import synchronize
 
 POINTS = ("setup", "fit_start", "train_epoch_end", "validation_epoch_end", "test_start", "fit_end")
-
-
-class BarrierTimeoutError(RunFailure):
-    """Raised when some ranks did not reach a barrier in time."""
-
-
-def synchronize(name: str, timeout_s: float) -> float:
-    """Wait for every rank at barrier ``name``; return this rank's wait in seconds.
-
-    A no-op (returns 0.0) unless torch.distributed is available, initialised and has > 1 rank.
-    """
-    if process_group_size() == 1:
-        return 0.0
-    start = time.perf_counter()
-    timeout = timedelta(seconds=timeout_s)
-    try:
-        if dist.get_backend() == "gloo":
-            # The Flight Recorder does not see this wait: a layer may (the hang report records it).
-            with observed("observe_wait", "monitored_barrier", name, timeout_s):
-                dist.monitored_barrier(timeout=timeout, wait_all_ranks=True)
-        else:
-            work = dist.barrier(async_op=True)
-            if not work.wait(timeout=timeout):
-                raise RuntimeError(f"not every rank arrived within {timeout_s:g} s")
-    except RuntimeError as error:
-        detail = str(error).splitlines()[0] if str(error) else "timed out"
-        failed = f"barrier '{name}' failed on rank {dist.get_rank()} after {time.perf_counter() - start:.1f} s"
-        # A layer's line naming who is where (the hang report: every rank's record); else the backend's own words.
-        stalled = first_answer("explain_stall", f"{failed} (timeout {timeout_s:g} s)")
-        raise BarrierTimeoutError(
-            f"{failed} (timeout {timeout_s:g} s): {stalled or detail}" + (f" ({detail})" if stalled else "")
-        ) from error
-    return time.perf_counter() - start
 
 
 class BarrierCallback(L.Callback):

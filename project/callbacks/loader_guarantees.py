@@ -2,12 +2,12 @@
 
 Lightning asks the datamodule for its loaders through its ``*_dataloader`` hooks, and every user's datamodule passes
 through there. This callback wraps those hooks on the instance (Lightning has no public hook that transforms the
-loaders a datamodule returns) so that each loader comes back with the layer's sampler
-(:mod:`project.parallel.sampler_install`; a loader's own batch_sampler: each of its batches split over the ranks,
-:mod:`project.parallel.batch_samplers`). At ``setup`` it builds the training loader once, resolves the plan with that
-loader's batch size and refuses, in one line, what cannot work (a global batch that does not divide, a dataset smaller
-than one global batch) before anything is trained or written. It also records how far into the epoch training got: a
-mid-epoch resume skips exactly the global batches already trained on.
+loaders a datamodule returns) so that each loader comes back with the layer's sampler, the seed's DistributedSampler
+(:func:`project.parallel.ddp.training_sampler`, :func:`~project.parallel.ddp.evaluation_sampler`). At ``setup`` it
+builds the training loader once, resolves the plan with that loader's batch size and refuses, in one line, what cannot
+work (a global batch that does not divide, a dataset smaller than one global batch) before anything is trained or
+written. It also records how far into the epoch training got: a mid-epoch resume skips exactly the global batches
+already trained on.
 
 The Trainer's ``limit_*_batches`` mean the same samples at any world size (:mod:`project.parallel.limits`): the
 evaluation shards hold only the samples a limit keeps, the Trainer's per-process limit is lifted so that it cuts
@@ -26,16 +26,9 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from project.callbacks.resume_position import check_resumable
-from project.errors import UserError
-from project.parallel.batch_samplers import install_batch_sampler, own_batching
+from project.parallel.ddp import evaluation_sampler, training_sampler
 from project.parallel.limits import TrainerLimits, refuse_unreachable_validation
-from project.parallel.sampler_install import (
-    Guarantee,
-    install_eval_sampler,
-    install_training_sampler,
-    refuse_several_training_loaders,
-    takes_eval_sampler,
-)
+from project.parallel.sampler_install import Guarantee, takes_eval_sampler
 from project.parallel.samplers import GlobalBatchSampler
 from project.parallel.stream import GlobalBatchStream, is_stateful
 from project.run_state import RunState
@@ -130,22 +123,8 @@ class LoaderGuaranteesCallback(L.Callback):
 
     def _training(self, loader: Any, trainer: L.Trainer) -> Any:
         plan = self.state.with_data_batch(getattr(loader, "batch_size", None))  # the micro-batch picked so far kept
-        per_device, accumulation = plan.loader_batches
-        world, rank = plan.dp_size, plan.dp_rank(trainer.global_rank)  # not the world: tp groups share data
-        refuse_several_training_loaders(loader, world)
         self._train_limit = limit = trainer.limit_train_batches
-        if own_batching(loader) is not None:  # the user's batches are the global batches: each split over the ranks
-            loader, guarantee = install_batch_sampler(loader, plan, trainer.global_rank, self.run_seed)
-        elif per_device is None:
-            self._record("training", Guarantee(False, "the training loader has no batch_size"), trainer)
-            return loader
-        else:
-            try:
-                loader, guarantee = install_training_sampler(
-                    loader, per_device, world, rank, self.run_seed, accumulation, limit
-                )
-            except ValueError as error:
-                raise UserError(f"data: {error}") from None
+        loader, guarantee = training_sampler(loader, plan, trainer.global_rank, self.run_seed, limit)
         if guarantee.held and isinstance(loader.dataset, GlobalBatchStream):
             self._stream = loader.dataset
             self._resume_stream()
@@ -161,7 +140,7 @@ class LoaderGuaranteesCallback(L.Callback):
     def _evaluation(self, loader: Any, trainer: L.Trainer, stage: str, limit: int | float | None) -> Any:
         plan = self.state.plan or self.state.built
         assert plan is not None, "a run without a parallel section installs no loaders"
-        loader, guarantee = install_eval_sampler(loader, plan.dp_size, plan.dp_rank(trainer.global_rank), stage, limit)
+        loader, guarantee = evaluation_sampler(loader, plan, trainer.global_rank, stage, limit)
         self._record(stage, guarantee, trainer)
         return loader
 

@@ -1,16 +1,15 @@
 """The seed's ``model = model.module`` for evaluation, and the export of the bare network.
 
 During ``fit`` Lightning routes validation through the DDP wrapper. This callback evaluates the bare
-module instead, with every rank holding rank 0's buffers (so each rank evaluates exactly the model
-that is checkpointed and exported), over unpadded shards (see ``project.parallel.sampler_install``). At the
-end of ``fit``, rank 0 alone exports the plain network of the best checkpoint (or of the final
-weights when there is none) to ``<run>/export/``. Whether that export can be rebuilt is checked at
-``setup``, before training.
+module instead (:func:`project.parallel.ddp.evaluate_unwrapped`), with every rank holding rank 0's buffers (so
+each rank evaluates exactly the model that is checkpointed and exported), over unpadded shards (see
+``project.parallel.sampler_install``). At the end of ``fit``, rank 0 alone exports the plain network of the best
+checkpoint (or of the final weights when there is none) to ``<run>/export/``. Whether that export can be rebuilt
+is checked at ``setup``, before training.
 
 A network that no class path rebuilds (built in the LightningModule's ``__init__``, e.g. ``nn.Sequential``)
-is exported as a torch.export program (``model.pt2``, :mod:`project.export_program`) besides its state dict:
-its example inputs are recorded from its first forward call in training. When torch.export cannot capture it,
-or it is sharded over the processes, one warning line says so and the export holds the state dict only.
+is exported as its state dict, with one warning line, or by a layer's export of it besides its state dict
+(:mod:`project.network_exports`).
 """
 
 from __future__ import annotations
@@ -35,26 +34,11 @@ from project.export import (
     export_state_dict,
     match_state_dict,
     network_spec,
-    unwrap,
 )
-from project.export_program import (
-    PROGRAM_FILE,
-    PROGRAM_FORMAT,
-    STATE_DICT_FORMAT,
-    ProgramExportError,
-    export_program,
-)
+from project.network_exports import NO_CLASS_PATH, STATE_DICT_FORMAT, NetworkExport, network_exports, weights_only
+from project.parallel.ddp import evaluate_unwrapped, rewrap, unwrap
 from project.parallel.strategies import row_of
-from project.program_inputs import InputRecorder
 from project.runs import run_directory
-
-
-def broadcast_buffers_from_rank0(trainer: L.Trainer, module: nn.Module) -> None:
-    """Copy rank 0's buffers (e.g. BatchNorm running statistics) to every rank."""
-    if trainer.world_size == 1:
-        return
-    for buffer in module.buffers():
-        buffer.copy_(trainer.strategy.broadcast(buffer, src=0))
 
 
 def find_network(module: nn.Module, attribute: str | None) -> tuple[str, nn.Module]:
@@ -93,8 +77,8 @@ class UnwrapEvalCallback(L.Callback):
     """Evaluate the unwrapped module during fit and export it at the end.
 
     Args:
-        export: Write ``export/model.pt`` and ``export/model.json`` into the run directory at fit end (and
-            ``export/model.pt2``, a torch.export program, for a network that no class path rebuilds).
+        export: Write ``export/model.pt`` and ``export/model.json`` into the run directory at fit end (and a
+            layer's export of a network that no class path rebuilds).
         export_best: Export the best checkpoint's weights (the ones ``test`` after fit evaluates)
             instead of the final ones, when a monitored checkpoint exists.
         net_attribute: Attribute of the LightningModule that holds the plain network; ``None``: ``net``,
@@ -107,14 +91,15 @@ class UnwrapEvalCallback(L.Callback):
         self.net_attribute = net_attribute
         self._wrapper: nn.Module | None = None
         self._spec: dict[str, Any] | None = None
-        self._recorder: InputRecorder | None = None
+        self._other: NetworkExport | None = None  # a layer's export of a network that no class path rebuilds
         #: Path of the last export (rank 0), for the CLI's closing message.
         self.export_dir: Path | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Before training: find the network and check that its export can be rebuilt.
 
-        A network that neither its own ``init_args`` nor the config rebuild is exported as a program instead.
+        A network that neither its own ``init_args`` nor the config rebuild is exported otherwise (its weights only,
+        or by a layer's export).
         """
         if not self.export or stage != "fit" or self._spec is not None:
             return
@@ -133,37 +118,31 @@ class UnwrapEvalCallback(L.Callback):
         try:
             spec = network_spec(net, _configured(pl_module, attribute))
         except UserError:
-            self._spec = {"format": PROGRAM_FORMAT, "network": class_path(unwrap(net))}
+            network = class_path(unwrap(net))
+            self._other = next(iter(network_exports()), None)
+            self._spec = (
+                {"format": self._other.format, "network": network}
+                if self._other is not None
+                else weights_only(network, NO_CLASS_PATH)
+            )
             return
         check_rebuildable(spec, net)
         self._spec = spec
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Rank 0 records a program's example inputs from the network's next forward call (the first in training)."""
-        if self._program and trainer.is_global_zero and self._recorder is None:
+        """Rank 0 lets a layer's export watch the unsharded network's next forward call (the first in training)."""
+        if self._other is not None and trainer.is_global_zero and not row_of(trainer.strategy).shards_parameters:
             _, net = find_network(unwrap(pl_module), self.net_attribute)
-            if not row_of(trainer.strategy).shards_parameters:
-                self._recorder = InputRecorder(unwrap(net))
+            self._other.record(unwrap(net))
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Swap the DDP wrapper for the bare module while validating (``model = model.module``).
-
-        A sharded (FSDP) module is not swapped: its forward gathers its parameters itself. Its ranks still
-        evaluate rank 0's buffers, which are what its checkpoint holds.
-        """
-        model = trainer.strategy.model
-        if model is not None and unwrap(model) is not model:
-            broadcast_buffers_from_rank0(trainer, pl_module)
-            self._wrapper = model
-            trainer.strategy.model = pl_module
-        elif row_of(trainer.strategy).shards_parameters:
-            broadcast_buffers_from_rank0(trainer, pl_module)
+        """Swap the DDP wrapper for the bare module while validating (``model = model.module``)."""
+        self._wrapper = evaluate_unwrapped(trainer, pl_module)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Put the wrapper back for training."""
-        if self._wrapper is not None:
-            trainer.strategy.model = self._wrapper
-            self._wrapper = None
+        rewrap(trainer, self._wrapper)
+        self._wrapper = None
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Rank 0 exports the plain network; the others wait for nothing (no collective here).
@@ -173,8 +152,8 @@ class UnwrapEvalCallback(L.Callback):
         """
         if not self.export or self._spec is None:
             return
-        if self._recorder is not None:
-            self._recorder.remove()  # never called in training: nothing to record after it
+        if self._other is not None:
+            self._other.stop()  # never called in training: nothing to record after it
         log_dir = run_directory(trainer)
         name, net = find_network(unwrap(pl_module), self.net_attribute)
         best = self._best_path(trainer)
@@ -192,42 +171,19 @@ class UnwrapEvalCallback(L.Callback):
             state = match_state_dict(checkpoint_weights(best), net)
         elif gathered is not None:
             state = gathered
-        spec = self._program_spec(net, state, folder, sharded) if self._program else self._spec
+        spec = self._spec
+        if self._other is not None:
+            spec = self._other.write(unwrap(net), self._spec, state, folder, sharded)
+        elif spec.get("format") == STATE_DICT_FORMAT:
+            sys.stderr.write(
+                f"warning: {spec['network']}: {spec['reason']}; export/ holds its state dict {EXPORT_WEIGHTS} only "
+                "(build the network in your code and load it with project.export.load_weights)\n"
+            )
+            sys.stderr.flush()
         if state is not None:
             self.export_dir = export_state_dict(state, folder, spec)
         else:
             self.export_dir = export_network(net, folder, spec)
-
-    @property
-    def _program(self) -> bool:
-        return self._spec is not None and self._spec.get("format") == PROGRAM_FORMAT
-
-    def _program_spec(
-        self, net: nn.Module, state: Mapping[str, Any] | None, folder: Path, sharded: bool
-    ) -> dict[str, Any]:
-        """Write ``model.pt2`` and say so, or say in one warning line why not: the export is the state dict only.
-
-        The program's failures are not raised: training is over and its checkpoints are written, so a network
-        that torch.export cannot capture does not fail the run.
-        """
-        assert self._spec is not None
-        network = self._spec["network"]
-        example = self._recorder.example if self._recorder is not None else None
-        try:
-            if sharded:
-                raise ProgramExportError(f"{network} is sharded over the processes: it is not exported as a program")
-            if example is None:
-                raise ProgramExportError(f"{network} was never called in training, so it has no example inputs")
-            return {**self._spec, **export_program(unwrap(net), example, folder / PROGRAM_FILE, state)}
-        except ProgramExportError as error:
-            reason = str(error)
-        (folder / PROGRAM_FILE).unlink(missing_ok=True)  # a program of an earlier fit of this run is not this one
-        sys.stderr.write(
-            f"warning: no export/{PROGRAM_FILE}: {reason}; export/ holds the state dict {EXPORT_WEIGHTS} only "
-            "(build the network in your code and load it with project.export.load_weights)\n"
-        )
-        sys.stderr.flush()
-        return {"format": STATE_DICT_FORMAT, "network": network, "reason": reason}
 
     def _best_path(self, trainer: L.Trainer) -> str | None:
         return best_checkpoint_path(trainer) if self.export_best else None  # the checkpoint test after fit takes

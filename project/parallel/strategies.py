@@ -7,11 +7,7 @@ process-group backend and the plan's :class:`~project.plan.layout.Layout`. Callb
 
 from __future__ import annotations
 
-import inspect
-from datetime import timedelta
 from typing import Any
-
-from torch.nn.parallel import DistributedDataParallel
 
 from project.dotted import import_object
 from project.plan.layout import Layout
@@ -27,41 +23,9 @@ ROW_ATTRIBUTE = "project_strategy_row"
 LAYOUT_ATTRIBUTE = "project_layout"
 
 
-def ddp_buffer_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
-    """The seed's ``broadcast_buffers`` under the name the installed torch uses.
-
-    torch 2.13 deprecates ``broadcast_buffers`` (FutureWarning) for ``forward_sync_buffers``, which
-    keeps the per-forward meaning; buffers are still synced once at start-up, when every rank holds
-    the same freshly initialised values anyway.
-    """
-    params = inspect.signature(DistributedDataParallel.__init__).parameters
-    name = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
-    return {name: broadcast_buffers}
-
-
 def build_auto(args: dict[str, Any], backend: str | None, layout: Layout) -> Any:
     """One process: Lightning picks the single-device strategy for the accelerator and device given."""
     return "auto"
-
-
-def ddp_kwargs(args: dict[str, Any], backend: str | None) -> dict[str, Any]:
-    """Lightning ``DDPStrategy`` keyword arguments from the plan's DDP arguments."""
-    kwargs = dict(args)
-    ddp = kwargs.pop("ddp")  # the parallel.ddp subsection: DDP's flags
-    kwargs.update(find_unused_parameters=ddp["find_unused_parameters"], **ddp_buffer_kwargs(ddp["broadcast_buffers"]))
-    return {
-        "process_group_backend": backend,
-        "timeout": timedelta(seconds=kwargs.pop("timeout_s")),
-        "start_method": kwargs.pop("start_method"),
-        **kwargs,
-    }
-
-
-def build_ddp(args: dict[str, Any], backend: str | None, layout: Layout) -> Any:
-    """Lightning's ``DDPStrategy`` (data parallel over every process)."""
-    from lightning.pytorch.strategies import DDPStrategy
-
-    return DDPStrategy(**ddp_kwargs(args, backend))
 
 
 def build_strategy(plan: Plan) -> Any:

@@ -24,7 +24,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from project.errors import UserError
 from project.lightning_private import chained_schedulers, mark_scheduler_steps
-from project.parallel.strategies import ddp_kwargs
+from project.parallel.ddp import ddp_kwargs
 from project.plan.layout import Layout
 
 #: Arguments the plan shows that describe the strategy rather than configure Lightning's DDPStrategy.

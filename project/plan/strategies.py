@@ -129,7 +129,7 @@ def _zero1_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
 #: What ``trainer.strategy`` holds when it asks for no particular strategy (one device, or Lightning's choice).
 UNNAMED_STRATEGIES = (None, "auto", "single_device")
 
-_DDP = "project.parallel.strategies:build_ddp"
+_DDP = "project.parallel.ddp:build_ddp"
 STRATEGIES: dict[str, StrategyRow] = {
     # One process: Lightning picks the single-device strategy for the accelerator and device given.
     "single_device": StrategyRow(args=lambda config, start_method: {}, build="project.parallel.strategies:build_auto"),

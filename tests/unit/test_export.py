@@ -7,8 +7,9 @@ import torch
 from torch import nn
 
 from project.errors import UserError
-from project.export import load_weights, unwrap
+from project.export import load_weights
 from project.models.digits_net import DigitsNet
+from project.parallel.ddp import unwrap
 
 
 def test_unwrap_strips_every_wrapper_however_deep():

@@ -29,7 +29,7 @@ def test_lightnings_wrappers_keep_the_module_where_unwrap_looks():
     from lightning.fabric.wrappers import _FabricModule
     from torch import nn
 
-    from project.export import unwrap
+    from project.parallel.ddp import unwrap
 
     assert _FabricModule.__name__ in WRAPPER_CLASS_NAMES
     assert WRAPPER_ATTRIBUTE in inspect.getsource(_FabricModule.__init__)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from project.errors import UserError
-from project.parallel.strategies import ddp_buffer_kwargs, trainer_kwargs
+from project.parallel.ddp import ddp_buffer_kwargs
+from project.parallel.strategies import trainer_kwargs
 from project.plan.environment import LaunchEnvironment, detect_environment
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 

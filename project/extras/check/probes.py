@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from project.callbacks.barrier import synchronize
 from project.parallel.collectives import gather_objects, process_group_size
+from project.parallel.ddp import synchronize
 
 #: Message sizes of the bandwidth probe, in bytes: a latency-bound one, then ever more bandwidth-bound ones.
 SIZES = (4, 256 * 1024, 4 * 1024**2, 16 * 1024**2)

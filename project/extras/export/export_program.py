@@ -1,11 +1,11 @@
 """Export a network that no class path rebuilds (built in a LightningModule's ``__init__``) as a torch.export program.
 
 The network's inputs are recorded from its first forward call in training
-(:class:`~project.program_inputs.InputRecorder`); at the end of ``fit`` a CPU copy holding the exported weights is
+(:class:`~.program_inputs.InputRecorder`); at the end of ``fit`` a CPU copy holding the exported weights is
 captured by ``torch.export`` with a dynamic batch dimension and saved as ``export/model.pt2``
-(:func:`export_program`). :func:`load_program` loads it back as a callable module, with torch alone: neither the
-network's code nor Lightning is imported. A ``.pt2`` file can run code when loaded, so it is checked first
-(:mod:`project.program_check`). Nothing in this module imports Lightning.
+(:func:`export_program`, called by :class:`ProgramExport`). :func:`load_program` loads it back as a callable
+module, with torch alone: neither the network's code nor Lightning is imported. A ``.pt2`` file can run code when
+loaded, so it is checked first (:mod:`.program_check`). Nothing in this module imports Lightning.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import io
 import itertools
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -27,14 +28,15 @@ from torch import nn
 from project.checkpoints.atomic import atomic_write
 from project.checkpoints.loading import pickle_allowed
 from project.errors import UserError, first_line
+from project.export import EXPORT_WEIGHTS
+from project.extras.export.program_check import check_program_file
+from project.extras.export.program_inputs import Example, InputRecorder, leaves
 from project.lightning_private import drop_compiled_call
-from project.program_check import check_program_file
-from project.program_inputs import Example, leaves
+from project.network_exports import weights_only
 
 PROGRAM_FILE = "model.pt2"
-#: ``model.json``'s ``format`` for a torch.export program, and for a network exported as its state dict only.
+#: ``model.json``'s ``format`` for a torch.export program.
 PROGRAM_FORMAT = "torch.export"
-STATE_DICT_FORMAT = "state_dict"
 
 
 class ProgramExportError(Exception):
@@ -147,7 +149,7 @@ def load_program(file: str | os.PathLike[str]) -> nn.Module:
     if not path.is_file():
         raise UserError(f"'{path}' does not exist; the export's program is written at the end of `fit`")
     if not pickle_allowed():
-        # Not optional: torch.export.load itself unpickles and eval-s parts of the file (project.program_check).
+        # Not optional: torch.export.load itself unpickles and eval-s parts of the file (program_check).
         check_program_file(path)
     try:
         return torch.export.load(path).module()
@@ -156,3 +158,53 @@ def load_program(file: str | os.PathLike[str]) -> nn.Module:
             f"'{path}' cannot be loaded as a torch.export program with torch {torch.__version__} "
             f"({first_line(error)}); load export/model.pt into the network built in your code instead"
         ) from error
+
+
+class ProgramExport:
+    """The layer's :class:`~project.network_exports.NetworkExport`: ``model.pt2`` beside the state dict.
+
+    Its example inputs are recorded from the network's first forward call in training (rank 0). Its failures are
+    not raised: training is over and its checkpoints are written, so a network that torch.export cannot capture
+    (or a sharded one) does not fail the run; one warning line says why and the export is the state dict only.
+    """
+
+    format = PROGRAM_FORMAT
+
+    def __init__(self) -> None:
+        self._recorder: InputRecorder | None = None
+
+    def record(self, net: nn.Module) -> None:
+        """Record the example inputs of ``net``'s next forward call (once per fit)."""
+        if self._recorder is None:
+            self._recorder = InputRecorder(net)
+
+    def stop(self) -> None:
+        """Record no more."""
+        if self._recorder is not None:
+            self._recorder.remove()
+
+    def write(
+        self, net: nn.Module, spec: dict[str, Any], state: Mapping[str, Any] | None, folder: Path, sharded: bool
+    ) -> dict[str, Any]:
+        """Write ``model.pt2`` and say so, or say in one warning line why not: the export is the state dict only."""
+        network = spec["network"]
+        example = self._recorder.example if self._recorder is not None else None
+        try:
+            if sharded:
+                raise ProgramExportError(f"{network} is sharded over the processes: it is not exported as a program")
+            if example is None:
+                raise ProgramExportError(f"{network} was never called in training, so it has no example inputs")
+            return {**spec, **export_program(net, example, folder / PROGRAM_FILE, state)}
+        except ProgramExportError as error:
+            reason = str(error)
+        (folder / PROGRAM_FILE).unlink(missing_ok=True)  # a program of an earlier fit of this run is not this one
+        sys.stderr.write(
+            f"warning: no export/{PROGRAM_FILE}: {reason}; export/ holds the state dict {EXPORT_WEIGHTS} only "
+            "(build the network in your code and load it with project.export.load_weights)\n"
+        )
+        sys.stderr.flush()
+        return weights_only(network, reason)
+
+    def load(self, folder: Path, spec: Mapping[str, Any]) -> nn.Module:
+        """The program in ``folder``, checked and loaded with torch alone (:func:`load_program`)."""
+        return load_program(folder / PROGRAM_FILE)

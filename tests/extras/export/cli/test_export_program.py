@@ -23,8 +23,9 @@ from user_nets import GatedNet, SequentialClassifier
 
 from project.errors import UserError
 from project.export import load_weights, rebuild
-from project.export_program import export_program, load_program
-from project.program_inputs import InputRecorder
+from project.extras.export.export_program import export_program, load_program
+from project.extras.export.program_check import check_program_file
+from project.extras.export.program_inputs import InputRecorder
 
 from helpers import CONFIGS, DIGITS, FAST, cli_env, read_scalars, run_cli, run_dirs, two_at_a_time
 
@@ -239,3 +240,23 @@ def test_a_program_that_would_run_code_from_the_file_is_refused(program, tmp_pat
     with pytest.raises(UserError, match=f"holds {kind}.*PROJECT_ALLOW_PICKLE=1"):
         rebuild(folder)
     assert not marker.exists()
+
+
+def test_a_program_whose_graph_calls_anything_but_an_operator_is_refused(tmp_path):
+    """torch walks a node's `torch.` target with getattr and calls it when the program runs: `torch.os.system`."""
+    net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    program = torch.export.export(net, (torch.randn(3, 8),), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    good = tmp_path / "good.pt2"
+    torch.export.save(program, good)
+    check_program_file(good)
+    bad = tmp_path / "export" / "model.pt2"
+    bad.parent.mkdir()
+    (bad.parent / "model.json").write_text(json.dumps({"format": "torch.export"}))
+    with zipfile.ZipFile(good) as source, zipfile.ZipFile(bad, "w") as target:
+        for name in source.namelist():
+            data = source.read(name)
+            if name.endswith("models/model.json"):
+                data = data.replace(b'"torch.ops.aten.relu.default"', b'"torch.os.system"')
+            target.writestr(name, data)
+    with pytest.raises(UserError, match=r"holds the call target 'torch\.os\.system'.*PROJECT_ALLOW_PICKLE=1"):
+        rebuild(bad.parent)

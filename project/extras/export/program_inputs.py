@@ -1,7 +1,7 @@
 """A network's example inputs, recorded from its first forward call in training, for its torch.export program.
 
 :class:`InputRecorder` keeps a few samples of that call's inputs (:class:`Example`, on the CPU, detached); at the
-end of ``fit`` :func:`project.export_program.export_program` captures the network on them, their batch
+end of ``fit`` :func:`.export_program.export_program` captures the network on them, their batch
 dimension dynamic.
 """
 

@@ -5,7 +5,7 @@ A ``.pt2`` file is not inert data: ``torch.export.load`` (torch 2.13) unpickles 
 when a weights-only load of them fails), ``sympy.sympify``-s (``eval``-s) the shape expressions of its graph,
 and ``.module()`` ``exec``-s its ``guards_code`` and writes its argument names into generated Python code. Each
 of these runs code a crafted file chooses. So :func:`check_program_file` admits only what
-:func:`project.export_program.export_program` itself writes: the archive's known members, no pickled payloads,
+:func:`.export_program.export_program` itself writes: the archive's known members, no pickled payloads,
 example inputs that load weights-only, and expressions, guards and names that parse as plain arithmetic on sizes
 and plain identifiers. It reads the archive with ``zipfile``, ``json`` and ``ast`` only.
 """
@@ -183,13 +183,13 @@ def _unsafe_in_program(value: Any, key: str = "") -> str | None:
 def check_program_file(file: str | os.PathLike[str], own: bool = False) -> None:
     """Refuse a ``.pt2`` file that ``torch.export.load`` could not load without running code it holds.
 
-    Admits exactly what :func:`~project.export_program.export_program` writes (see the module docstring); it reads
+    Admits exactly what :func:`~.export_program.export_program` writes (see the module docstring); it reads
     the archive with ``zipfile``, ``json`` and ``ast`` only, and its example inputs with
     ``torch.load(weights_only=True)``.
 
     Args:
         file: The program file.
-        own: The file was just written by :func:`~project.export_program.export_program` (the message says so
+        own: The file was just written by :func:`~.export_program.export_program` (the message says so
             instead of blaming it).
 
     Raises:
