@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -85,3 +86,17 @@ def test_a_layer_imports_only_the_core_itself_and_what_it_requires() -> None:
             if target.startswith(LAYER_PACKAGE + ".") and target.split(".")[2] not in requires.get(own, {own}):
                 crossing.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
     assert crossing == []
+
+
+def test_the_readme_lists_each_layer_once_with_its_size():
+    """README's "Make it yours" table: one marked row per layer, its size within 15% of its lines of Python."""
+    rows = {}
+    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
+        found = re.match(r"^\| `([a-z_]+)` \| ~([\d,]+) \| .*<!-- extras:\1 --> \|$", line)
+        if found:
+            assert found.group(1) not in rows, f"two rows for {found.group(1)}"
+            rows[found.group(1)] = int(found.group(2).replace(",", ""))
+    assert sorted(rows) == sorted(layer.name for layer in installed())
+    for name, said in rows.items():
+        lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in (EXTRAS / name).rglob("*.py"))
+        assert abs(said - lines) <= 0.15 * lines, f"README says ~{said} lines for {name}; it has {lines}"
