@@ -123,7 +123,6 @@ class TimedCheckpoint(ModelCheckpoint):
         )
         self.every_s = every_s
         self.every_n_steps = every_n_steps
-        self.every_n_epochs = every_n_epochs
         self.schedule = SaveSchedule(every_s) if every_s is not None else None
         self._seen_step = -1
         self._start_step = 0
@@ -160,7 +159,7 @@ class TimedCheckpoint(ModelCheckpoint):
             self._note_epoch_end(trainer)
 
     def _note_epoch_end(self, trainer: L.Trainer) -> None:
-        every = self.every_n_epochs
+        every = self.every_n_epochs  # ModelCheckpoint's public property
         if self._active and not trainer.sanity_checking and every >= 1 and (trainer.current_epoch + 1) % every == 0:
             self._epoch_end_due = True
 
