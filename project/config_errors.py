@@ -164,7 +164,13 @@ def root_cause(error: BaseException) -> str:
     """The user's own message inside jsonargparse's nested 'Does not validate against any of...' report."""
     reasons = [line.strip()[2:] for line in str(error).splitlines() if line.strip().startswith("- ")]
     reasons = [r for r in reasons if not r.startswith("Expected a <class 'NoneType'>")]
-    return reasons[0] if reasons else str(error).splitlines()[0]
+    if reasons:
+        return reasons[0]
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    if lines[0].endswith(":"):  # "Problem with given class_path 'x.Y':" and the class's own error below it
+        inner = error.__cause__ or error.__context__
+        lines[0] += f" {type(inner).__name__}: {inner}" if inner is not None else f" {' '.join(lines[1:2])}"
+    return lines[0]
 
 
 def _config_files(args: list[str]) -> list[str]:

@@ -94,3 +94,19 @@ def test_classes_that_import_and_other_reports_are_left_to_the_other_messages(us
     assert import_failure("torch.nn.Linear") is None
     assert class_path_failure(parser_report(["--model", "torch.nn.Linear"]), ["--model", "torch.nn.Linear"]) is None
     assert class_path_failure('Parser key "parallel": Expected a path but abc either not accessible', []) is None
+
+
+def test_a_class_that_fails_in_its_init_is_named_with_its_own_error():
+    """jsonargparse's 'Problem with given class_path ...:' keeps the class's exception on the next line or as cause."""
+    from project.config_errors import root_cause
+
+    try:
+        try:
+            raise AttributeError("property 'every_n_epochs' of 'TimedCheckpoint' object has no setter")
+        except AttributeError as inner:
+            raise ValueError("Problem with given class_path 'project.callbacks.TimedCheckpoint':") from inner
+    except ValueError as error:
+        assert root_cause(error) == (
+            "Problem with given class_path 'project.callbacks.TimedCheckpoint': AttributeError: "
+            "property 'every_n_epochs' of 'TimedCheckpoint' object has no setter"
+        )
