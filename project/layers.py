@@ -35,6 +35,8 @@ class Layer:
             after the template's own callbacks.
         on_trainer: ``hook(trainer, config, chosen, row)`` run on the built Trainer (e.g. a logger beside it).
         requires: Other layers this one imports (``make strip`` removes it with any of them).
+        around_command: ``hook(argv) -> context manager`` that ``python -m project`` runs the command inside, after
+            its imports (early: the ranks of a CPU run forked there).
     """
 
     name: str
@@ -44,6 +46,7 @@ class Layer:
     callbacks: tuple[str, ...] = ()
     on_trainer: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
+    around_command: tuple[str, ...] = ()
 
 
 @cache
