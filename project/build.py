@@ -9,6 +9,7 @@ IO and template callbacks come from that resolution. ``plan`` builds the model a
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -36,6 +37,7 @@ from project.config_errors import ProjectArgumentParser, root_cause
 from project.errors import UserError
 from project.launch.elastic import ElasticJob, detect_elastic, end_job, keep_checkpoint_batch
 from project.launch.ranks import confirm_started_ranks
+from project.launch.submit import submitter
 from project.layers import hook, hooks
 from project.parallel.compile import CompileAfterWrap
 from project.parallel.strategies import trainer_kwargs
@@ -85,6 +87,7 @@ class ProjectCLI(LightningCLI):
         self.chosen: Chosen | None = None
         self.loaders: LoaderGuaranteesCallback | None = None
         self.elastic: ElasticJob | None = None  # fit in an elastic torchrun job (--nnodes MIN:MAX)
+        self.submit: Callable[..., None] | None = None  # a layer's submission of the job elsewhere (ray)
         super().__init__(
             model_class=L.LightningModule,
             datamodule_class=L.LightningDataModule,
@@ -133,6 +136,7 @@ class ProjectCLI(LightningCLI):
             settings = keep_checkpoint_batch(settings, self._resuming(), self.elastic)
         if self.row.settings is not None:  # a layer's command adjusts the section (check: its short timeout)
             settings = hook(self.row.settings)(settings, config)
+        self.submit = submitter(settings.launcher, environment)  # refused here if no layer submits to it
         assumed = config.get("assume_gpus")
         if assumed is not None and assumed < 0:
             raise UserError(f"--assume_gpus={assumed} must be >= 0")

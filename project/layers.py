@@ -37,6 +37,8 @@ class Layer:
         requires: Other layers this one imports (``make strip`` removes it with any of them).
         around_command: ``hook(argv) -> context manager`` that ``python -m project`` runs the command inside, after
             its imports (early: the ranks of a CPU run forked there).
+        submit: ``hook(launcher) -> run | None``: how this process submits its job to ``parallel.launcher``, a
+            launcher that did not start it (ray: a Ray Train job); ``run(argv, command, plan, run_in_worker)``.
     """
 
     name: str
@@ -47,6 +49,7 @@ class Layer:
     on_trainer: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     around_command: tuple[str, ...] = ()
+    submit: tuple[str, ...] = ()
 
 
 @cache
