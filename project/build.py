@@ -45,7 +45,6 @@ from project.parallel.threads import apply_cpu_threads
 from project.parser_stubs import resolve_stubs_in_process
 from project.plan.config import Hardware, ParallelConfig
 from project.plan.environment import detect_environment, refuse_stray_rank
-from project.plan.resolve import resolve_plan
 from project.run_config import (
     NoProfiler,
     SaveUserConfig,
@@ -142,9 +141,11 @@ class ProjectCLI(LightningCLI):
             raise UserError(f"--assume_gpus={assumed} must be >= 0")
         hardware = Hardware(torch.cuda.device_count()) if assumed is None else Hardware(assumed, assumed=True)
         self.state = RunState(settings, hardware)
+        for on_state in hooks("on_state"):  # the layers' (microbatch: takes micro_batch auto, changes every plan)
+            on_state(self.state, config)
         if self.row.builds_trainer:  # `plan` resolves with the data batch size, and says why a launch would fail
             try:
-                plan = self.state.built = resolve_plan(settings, hardware, environment, None, self.configured_lr())
+                plan = self.state.built = self.state.resolve(environment, None, self.configured_lr())
             except UserError as error:  # an elastic job at a size its layout cannot hold: torchrun would retry
                 if self.elastic is None:
                     raise

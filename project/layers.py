@@ -39,6 +39,9 @@ class Layer:
             its imports (early: the ranks of a CPU run forked there).
         submit: ``hook(launcher) -> run | None``: how this process submits its job to ``parallel.launcher``, a
             launcher that did not start it (ray: a Ray Train job); ``run(argv, command, plan, run_in_worker)``.
+        on_state: ``hook(state, config)`` on the run's state before its plan is resolved: a layer takes a value of
+            the ``parallel`` section only it understands (``state.section``) and changes every plan the run makes
+            (``state.amend``; microbatch: ``micro_batch: auto``).
     """
 
     name: str
@@ -50,6 +53,7 @@ class Layer:
     requires: tuple[str, ...] = ()
     around_command: tuple[str, ...] = ()
     submit: tuple[str, ...] = ()
+    on_state: tuple[str, ...] = ()
 
 
 @cache
