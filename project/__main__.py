@@ -1,5 +1,6 @@
 """`python -m project fit|validate|test|predict|plan|check|consolidate|sweep`."""
 
+import contextlib
 import sys
 
 from project.commands import Builds, answer_without_training_imports, command_of
@@ -22,10 +23,12 @@ if __name__ == "__main__":
         stop_signals.install_defaults()
     try:
         from project.cli import main
-        from project.launch.early import ranks_started_at_once
+        from project.layers import hooks
 
-        # N CPU processes on this machine: ranks 1..N-1 are forked here, after the imports, and start with rank 0.
-        with ranks_started_at_once(sys.argv[1:]):
+        # The layers' wraps of the command, after the imports (early: a CPU run's ranks 1..N-1 are forked here).
+        with contextlib.ExitStack() as around:
+            for wrap in hooks("around_command"):
+                around.enter_context(wrap(sys.argv[1:]))
             main()
     except stop_signals.StopSignal as stop:  # before main() took over: the imports, the forks
         from project.errors import exit_with

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -34,6 +35,7 @@ from project.commands import COMMANDS
 from project.config_errors import ProjectArgumentParser, root_cause
 from project.errors import UserError
 from project.launch.ranks import confirm_started_ranks
+from project.launch.submit import submitter
 from project.layers import hook, hooks
 from project.parallel.compile import CompileAfterWrap
 from project.parallel.strategies import trainer_kwargs
@@ -41,7 +43,6 @@ from project.parallel.threads import apply_cpu_threads
 from project.parser_stubs import resolve_stubs_in_process
 from project.plan.config import Hardware, ParallelConfig
 from project.plan.environment import detect_environment, refuse_stray_rank
-from project.plan.resolve import resolve_plan
 from project.run_config import (
     NoProfiler,
     SaveUserConfig,
@@ -82,6 +83,7 @@ class ProjectCLI(LightningCLI):
         self.state = RunState()  # the parallel section, the plan, the loaders' guarantees: handed to the callbacks
         self.chosen: Chosen | None = None
         self.loaders: LoaderGuaranteesCallback | None = None
+        self.submit: Callable[..., None] | None = None  # a layer's submission of the job elsewhere (ray)
         super().__init__(
             model_class=L.LightningModule,
             datamodule_class=L.LightningDataModule,
@@ -127,6 +129,7 @@ class ProjectCLI(LightningCLI):
         settings = ParallelConfig(**parallel.as_dict()) if parallel is not None else ParallelConfig()
         if self.row.settings is not None:  # a layer's command adjusts the section (check: its short timeout)
             settings = hook(self.row.settings)(settings, config)
+        self.submit = submitter(settings.launcher, environment)  # refused here if no layer submits to it
         assumed = config.get("assume_gpus")
         if assumed is not None and assumed < 0:
             raise UserError(f"--assume_gpus={assumed} must be >= 0")
@@ -135,8 +138,10 @@ class ProjectCLI(LightningCLI):
             for around_plan in hooks("around_plan"):
                 settings = layers.enter_context(around_plan(settings, environment, self._resuming(), self.row))
             self.state = RunState(settings, hardware)
+            for on_state in hooks("on_state"):  # the layers' (microbatch: takes micro_batch auto, changes every plan)
+                on_state(self.state, config)
             if self.row.builds_trainer:  # `plan` resolves with the data batch size, and says why a launch would fail
-                self.state.built = resolve_plan(settings, hardware, environment, None, self.configured_lr())
+                self.state.built = self.state.resolve(environment, None, self.configured_lr())
         plan = self.state.built
         if plan is not None:
             if plan.accelerator == "cpu":

@@ -34,7 +34,6 @@ from project.config_errors import check_config_files
 from project.errors import Preempted, UserError, exit_with, run_reporting_user_errors
 from project.launch import stop_signals
 from project.launch.legacy import strip_legacy_local_rank
-from project.launch.ray import run_on_ray, submits_to_ray
 from project.launch.stop_signals import StopSignal
 from project.layers import hook
 from project.lightning_private import stop_launched_processes
@@ -90,10 +89,9 @@ def execute(argv: list[str]) -> Run | None:
         return None
     refuse_unknown_weights(command.name, cli.model, cli.chosen, cli.config.get("ckpt_path"))
     refuse_mismatched_checkpoint(cli.chosen, cli.model, cli.trainer)
-    plan = cli.state.built
-    if submits_to_ray(plan):  # parallel.launcher: ray: Ray's workers run this same command; this process waits
+    if cli.submit is not None:  # parallel.launcher: ray: the launcher's workers run this same command; this one waits
         stop_signals.install([], 0.0)  # the waiting driver ends on a signal as processes do; the workers stop
-        run_on_ray(argv, command.name, plan, run_in_worker)
+        cli.submit(argv, command.name, cli.state.built, run_in_worker)
         return None
     try:
         run_command(command, cli)
@@ -104,7 +102,7 @@ def execute(argv: list[str]) -> Run | None:
 
 
 def run_in_worker(argv: list[str]) -> str | None:
-    """One worker of a submitted job (Ray's) runs the command: rank 0 returns its run directory."""
+    """One worker of a submitted job (a layer's: Ray's) runs the command: rank 0 returns its run directory."""
     run = execute(argv)
     return run_directory(run.trainer) if run is not None else None
 

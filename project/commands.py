@@ -1,8 +1,8 @@
 """The commands of ``python -m project``: one row each, and the answers that need no training imports.
 
 Each :class:`Command` row says what its command builds and does (whether it trains, takes a checkpoint, locks the
-run directory, tracks, tests after fit, may have its ranks started at once): :mod:`project.__main__`, the pre-parse
-(:mod:`project.launch.preparse`), the builder (:mod:`project.build`) and :mod:`project.cli` read the row instead of
+run directory, tracks, tests after fit, may have its ranks started at once): :mod:`project.__main__`, the early
+layer's pre-parse, the builder (:mod:`project.build`) and :mod:`project.cli` read the row instead of
 comparing the command's name. A new command is a new row.
 
 ``python -m project``, ``--help`` and an unknown command are answered here, before Lightning (about 5 s to import
@@ -49,8 +49,8 @@ class Command:
         writes_predictions: It writes ``predictions.csv`` unless the config lists a prediction writer.
         self_test: It is the layout's self-test: its own options, the check's join timeout, nothing written but
             ``check.json``.
-        starts_ranks_early: ``python -m project`` may fork its CPU ranks right after the imports
-            (:mod:`project.launch.early`) instead of Lightning's launcher starting them.
+        starts_ranks_early: ``python -m project`` may fork its CPU ranks right after the imports (the early
+            layer) instead of Lightning's launcher starting them.
         runner: ``package.module:function`` that runs a command which builds no Trainer (``function(args)``).
         arguments: ``package.module:function`` adding the command's own options to its parser (``function(parser)``).
         settings: ``package.module:function`` adjusting the ``parallel`` section before the layout is resolved

@@ -15,7 +15,7 @@ RANK_VARIABLES = ("RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "LOCAL_RANK")
 USAGE_EXIT_CODE = 2
 
 
-#: Called before a rank other than 0 reports its error. A rank forked with rank 0 (:mod:`project.launch.early`)
+#: Called before a rank other than 0 reports its error. A rank forked with rank 0 (the early layer, project/extras/)
 #: registers a wait here: it fails before the ranks met at the same mistake as rank 0, which reports it once.
 BEFORE_RANK_REPORT: list[Callable[[], None]] = []
 

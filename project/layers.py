@@ -51,6 +51,13 @@ class Layer:
             ``rebuild`` imports them unasked, as it does the core's ``project.models`` (rows, not hooks).
         network_exports: ``module:Class`` of an export for a network that no class path rebuilds
             (:class:`project.network_exports.NetworkExport`): written by UnwrapEvalCallback, read by ``rebuild``.
+        around_command: ``hook(argv) -> context manager`` that ``python -m project`` runs the command inside, after
+            its imports (early: the ranks of a CPU run forked there).
+        submit: ``hook(launcher) -> run | None``: how this process submits its job to ``parallel.launcher``, a
+            launcher that did not start it (ray: a Ray Train job); ``run(argv, command, plan, run_in_worker)``.
+        on_state: ``hook(state, config)`` on the run's state before its plan is resolved: a layer takes a value of
+            the ``parallel`` section only it understands (``state.section``) and changes every plan the run makes
+            (``state.amend``; microbatch: ``micro_batch: auto``).
     """
 
     name: str
@@ -66,6 +73,9 @@ class Layer:
     observe_wait: tuple[str, ...] = ()
     trusted_modules: tuple[str, ...] = ()
     network_exports: tuple[str, ...] = ()
+    around_command: tuple[str, ...] = ()
+    submit: tuple[str, ...] = ()
+    on_state: tuple[str, ...] = ()
 
 
 @cache

@@ -4,7 +4,7 @@ Importing this module imports nothing from Lightning (``project.export`` uses it
 ``tests/unit/test_lightning_private.py`` fails loudly when a Lightning upgrade moves any of these.
 
 1. The processes Lightning's launcher started for ranks 1..N-1 (``_SubprocessScriptLauncher.procs``), with those
-   rank 0 forked itself (:mod:`project.launch.ranks`): to name the rank that died first and stop the others when
+   rank 0 started itself (:mod:`project.launch.ranks`): to name the rank that died first and stop the others when
    rank 0 fails (Lightning kills them only on Ctrl+C).
 2. The name of Fabric's module wrapper (``_FabricModule``, holding the module at ``_forward_module``),
    which ``project.export.unwrap`` sees through by class name, so that it never imports Lightning. (The
@@ -51,7 +51,7 @@ import signal
 import subprocess
 from typing import Any
 
-from project.launch.ranks import ForkedRank, started_ranks, stop_started_ranks
+from project.launch.ranks import RankProcess, started_ranks, stop_started_ranks
 
 #: Fabric's wrapper class, which holds the wrapped module at ``_forward_module``.
 WRAPPER_CLASS_NAMES = frozenset({"_FabricModule"})
@@ -78,7 +78,7 @@ BATCHES_STEPPED_KEY = "_batches_that_stepped"
 SUBPROCESS_LAUNCHER = "lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher"
 
 
-def launched_processes(strategy: Any) -> list[subprocess.Popen | ForkedRank]:
+def launched_processes(strategy: Any) -> list[subprocess.Popen | RankProcess]:
     """The processes (ranks 1..N-1 of this node) that Lightning's launcher started or this one forked; else ``[]``."""
     launcher = getattr(strategy, "launcher", None)
     return [*(getattr(launcher, "procs", None) or []), *started_ranks()]

@@ -28,7 +28,7 @@ from project.plan.layout import LaunchMismatchError
 from project.plan.memory import estimate
 from project.plan.optimizer_count import tensor_bytes
 from project.plan.pipeline_plan import describe_stages
-from project.plan.resolve import Plan, resolve_plan
+from project.plan.resolve import Plan
 from project.plan.tensor_plan import resolve_tensor_plan, split_parameter_names
 
 if TYPE_CHECKING:
@@ -59,8 +59,6 @@ def configured_batch_size(datamodule: Any) -> int | None:
 def resolve_for_plan(cli: ProjectCLI, loader: Any, unbuilt: str | None) -> Plan:
     """The plan ``fit`` would resolve; without the loader (``unbuilt``: why) from the config's batch size, said so."""
     # A layout an outside launcher would refuse is shown with the reason.
-    settings, hardware = cli.state.section, cli.state.hardware
-    assert settings is not None and hardware is not None
     environment = detect_environment()
     data_batch = getattr(loader, "batch_size", None) if loader is not None else configured_batch_size(cli.datamodule)
     notes: tuple[str, ...] = ()
@@ -68,10 +66,10 @@ def resolve_for_plan(cli: ProjectCLI, loader: Any, unbuilt: str | None) -> Plan:
         known = f"the config's batch_size {data_batch}" if data_batch is not None else "no batch size (fit reads it)"
         notes = (f"{unbuilt}: planned with {known}; the limits in samples are not counted",)
     try:
-        plan = resolve_plan(settings, hardware, environment, data_batch, cli.configured_lr())
+        plan = cli.state.resolve(environment, data_batch, cli.configured_lr())
     except LaunchMismatchError as error:
         unset = replace(environment, world_size=None, local_world_size=None, num_nodes=None)
-        plan = resolve_plan(settings, hardware, unset, data_batch, cli.configured_lr())
+        plan = cli.state.resolve(unset, data_batch, cli.configured_lr())
         notes = (*notes, f"will not start under {environment.launcher}: {error}")
     return replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 

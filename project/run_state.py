@@ -2,9 +2,10 @@
 
 The builder (:class:`project.build.ProjectCLI`) makes one :class:`RunState` before anything is built and hands it
 to the callbacks that need it; no callback holds the plan for the others. The plan is resolved before anything is
-built (:attr:`RunState.built`); the training loader's batch size completes it at ``setup('fit')``
-(:meth:`RunState.with_data_batch`), and ``micro_batch: auto`` may pick its micro-batch on the first step
-(:meth:`RunState.use_micro_batch`): each replaces :attr:`RunState.plan` through a method, in that order.
+built (:attr:`RunState.built`, :meth:`RunState.resolve`); the training loader's batch size completes it at
+``setup('fit')`` (:meth:`RunState.with_data_batch`), and a layer may change every plan the run makes
+(:meth:`RunState.amend`: the microbatch layer's ``auto``, then its pick at the start of ``fit``): each replaces
+:attr:`RunState.plan` through a method, in that order.
 
 The run directory is not held here: Lightning's ``trainer.log_dir`` is a collective that every rank asks once the
 strategy is set up (:func:`project.runs.run_directory`), which is where its writers ask.
@@ -12,11 +13,13 @@ strategy is set up (:func:`project.runs.run_directory`), which is where its writ
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from project.plan.config import Hardware, ParallelConfig
-from project.plan.resolve import Plan
+from project.plan.environment import LaunchEnvironment
+from project.plan.resolve import Plan, resolve_plan
 
 
 @dataclass
@@ -37,30 +40,43 @@ class RunState:
     built: Plan | None = None
     guarantees: dict[str, dict[str, Any]] = field(default_factory=dict)
     _plan: Plan | None = None
-    _micro: tuple[int, tuple[tuple[int, bool], ...]] | None = None
+    _changes: list[Callable[[Plan], Plan]] = field(default_factory=list)
 
     @property
     def plan(self) -> Plan | None:
         """The plan as far as the run knows it: ``None`` until a stage starts (then at least :attr:`built`)."""
         return self._plan
 
+    def resolve(self, environment: LaunchEnvironment, data_batch_size: int | None, configured_lr: float | None) -> Plan:
+        """The section resolved on this run's hardware for ``environment``, with every change :meth:`amend` holds.
+
+        Raises:
+            UserError: the section cannot hold on this hardware (see :func:`resolve_plan`), or a layer refuses it.
+        """
+        assert self.section is not None and self.hardware is not None, "a run without a parallel section plans nothing"
+        return self._amended(resolve_plan(self.section, self.hardware, environment, data_batch_size, configured_lr))
+
     def with_data_batch(self, batch_size: int | None) -> Plan:
-        """The training loader's ``batch_size`` completes the built plan (the micro-batch picked so far kept).
+        """The training loader's ``batch_size`` completes the built plan (every layer's change so far kept).
 
         Raises:
             UserError: the batch fields and the layout cannot hold together (see :meth:`Plan.with_data_batch`).
         """
         assert self.built is not None, "a run without a parallel section installs no loaders"
-        plan = self.built.with_data_batch(batch_size)
-        self._plan = plan.with_micro_batch(*self._micro) if self._micro is not None else plan
+        self._plan = self._amended(self.built.with_data_batch(batch_size))
         return self._plan
 
-    def use_micro_batch(self, micro: int, trials: tuple[tuple[int, bool], ...]) -> Plan:
-        """``micro_batch: auto`` picked ``micro`` (after ``trials``): the plan says so, now and once completed again."""
-        assert self._plan is not None, "the micro-batch is picked after the training loader completed the plan"
-        self._micro = (micro, trials)
-        self._plan = self._plan.with_micro_batch(micro, trials)
+    def amend(self, change: Callable[[Plan], Plan]) -> Plan | None:
+        """A layer's ``change`` to every plan this run makes from now on, and to the plan as far as it is known."""
+        self._changes.append(change)
+        if self._plan is not None:
+            self._plan = change(self._plan)
         return self._plan
+
+    def _amended(self, plan: Plan) -> Plan:
+        for change in self._changes:
+            plan = change(plan)
+        return plan
 
     def evaluating(self) -> Plan | None:
         """A stage without training data: the plan is the built one, unless training completed it already."""

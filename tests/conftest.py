@@ -51,7 +51,7 @@ SLOW_FILES = {
     "distributed/test_bad_input.py",
     "cli/test_notebooks.py",
     "cli/test_bench.py",
-    "distributed/test_early_launch.py",
+    "extras/early/distributed/test_early_launch.py",
     "distributed/test_compile_precision.py",
     "extras/sweep/cli/test_sweep.py",
     "extras/tracking/cli/test_tracking.py",

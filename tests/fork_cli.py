@@ -3,7 +3,7 @@ imports once, then forks one child per run, which runs ``project/__main__.py`` e
 would, in its own process: its own folder, arguments, stdout, stderr and exit status (a signal that kills it is
 seen as by ``subprocess``). Each CLI start otherwise spends about 4 s of CPU importing torch and Lightning.
 
-Forking after the imports is what the template does itself for the ranks of a CPU run (``project.launch.early``):
+Forking after the imports is what the template's early layer does itself for the ranks of a CPU run:
 nothing has run yet, so no thread pool, process group or device is shared. ``helpers.run_cli`` sends only runs
 that are sure to stay one process and need no environment of their own here (``helpers.forkable``); everything
 else, and everything with ``TESTS_FRESH_CLI=1``, starts a fresh interpreter.
@@ -25,8 +25,10 @@ import sys
 
 # What project/__main__.py imports before it runs a command (the rest of a run's imports follow from these).
 import project.cli
-import project.commands
-import project.launch.early  # noqa: F401
+import project.commands  # noqa: F401
+from project.layers import hooks
+
+hooks("around_command")  # the layers' wraps of the command (the early layer's fork), imported as __main__ does
 
 
 def _child(request: dict) -> None:

@@ -24,8 +24,16 @@ import yaml
 
 # Re-exported: the tests read runs with the same function the notebooks use.
 from project.checkpoints.atomic import atomic_write_text
-from project.launch.preparse import processes_to_start
 from project.runs import read_scalars as read_scalars
+
+try:  # the early layer forks a CPU run's ranks after the imports; without it Lightning's launcher starts them
+    from project.extras.early.preparse import processes_to_start
+except ImportError:  # stripped (make strip EXTRAS=early)
+
+    def processes_to_start(argv: Sequence[str]) -> int | None:
+        """Nothing is forked after the imports: Lightning's launcher starts every rank."""
+        return None
+
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -111,7 +119,7 @@ _GPU_POSSIBLE = bool(os.environ.get("CUDA_VISIBLE_DEVICES")) or any(Path("/dev")
 def forkable(args: Sequence[str]) -> bool:
     """Whether ``python -m project ARGS`` can be forked from the imported server: a run sure to stay one process
     (a command, and no option or config file that sets a layout), or one whose CPU ranks ``python -m project``
-    forks itself after its imports (:func:`project.launch.preparse.processes_to_start`), which it does the same in
+    forks itself after its imports (the early layer's ``processes_to_start``), which it does the same in
     a forked child. Every other layout (Lightning's launcher, torchrun, nodes, GPUs) starts fresh interpreters,
     as a user's does."""
     if os.environ.get(FRESH_ENV, "") not in ("", "0") or not args or args[0] not in _COMMANDS:

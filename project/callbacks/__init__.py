@@ -5,10 +5,9 @@ Two kinds, each installed one way:
 - chosen in the config (``trainer.callbacks``): :class:`BarrierCallback`, :class:`UnwrapEvalCallback`,
   :class:`NonFiniteLossCallback`, a prediction writer other than the default, and any progress bar;
 - the template's own, on every run, from :func:`template_callbacks`: the loader guarantees, ``plan.json``,
-  every rank's random state, the search of ``micro_batch: auto`` (:class:`MicroBatchSearch`), the
-  monitored-metric check, the unused-parameter check (DDP), the trainable set followed under DDP and kept on
-  resume (:class:`TrainableSetCallback`), the replicas compared at every save (:class:`ReplicaGuard`), the learning-rate
-  scaling and warmup when the ``parallel`` section asks for them,
+  every rank's random state, the monitored-metric check, the unused-parameter check (DDP), the trainable set
+  followed under DDP and kept on resume (:class:`TrainableSetCallback`), the replicas compared at every save
+  (:class:`ReplicaGuard`), the learning-rate scaling and warmup when the ``parallel`` section asks for them,
   :class:`PredictionsWriter` on ``predict`` unless the config lists a prediction writer, and
   :class:`ProgressBar` unless the config names a progress bar or turns it off;
 - each layer's (project/extras/), which the builder adds after these.
@@ -23,7 +22,6 @@ from project.callbacks.best_checkpoint import BestCheckpoint
 from project.callbacks.checks import MonitoredMetricsCheck
 from project.callbacks.learning_rate import LearningRateCallback
 from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
-from project.callbacks.micro_batch import MicroBatchSearch
 from project.callbacks.model_checks import UnusedParametersCheck
 from project.callbacks.nonfinite import NonFiniteLossCallback
 from project.callbacks.predictions import PredictionsWriter, lists_prediction_writer
@@ -42,7 +40,6 @@ __all__ = [
     "BestCheckpoint",
     "LearningRateCallback",
     "LoaderGuaranteesCallback",
-    "MicroBatchSearch",
     "MonitoredMetricsCheck",
     "NonFiniteLossCallback",
     "PredictionsWriter",
@@ -81,8 +78,6 @@ def template_callbacks(
         stop: The stop on a signal (``fit``): every rank stops at the same step and saves it.
     """
     own: list[Callback] = [loaders] if loaders is not None else []
-    if loaders is not None and state.built is not None and state.built.micro_batch == "auto":
-        own.append(MicroBatchSearch(state, loaders))  # fit: the micro-batch, before the loaders are taken
     if learning_rate and loaders is not None:
         own.append(LearningRateCallback(state))
     own += [RunRecordCallback(state), RandomStateCallback(ckpt_path), MonitoredMetricsCheck()]

@@ -98,15 +98,16 @@ def refuse_manual_accumulation(
         plan: The resolved plan (its world size and per-device batch say where a derived accumulation comes from).
 
     Raises:
-        UserError: ``accumulation`` > 1 or ``micro_batch: auto``, and ``model.automatic_optimization`` is False.
+        UserError: ``accumulation`` > 1, or a plan whose steps a layer splits (``micro_batch: auto``), and
+            ``model.automatic_optimization`` is False.
     """
     if model is None or model.automatic_optimization:
         return
-    if settings is not None and settings.micro_batch == "auto":
+    if plan is not None and plan.splits_in_step:  # the microbatch layer's auto: its trial steps and split steps
         raise UserError(
-            f"parallel.micro_batch='auto' tries steps of the module and accumulates its gradients, which needs "
-            f"automatic optimization, and {type(model).__name__} sets `automatic_optimization = False`; set "
-            "parallel.micro_batch to a number (its training_step steps its optimizers itself)"
+            f"parallel.micro_batch={plan.micro_batch!r} tries steps of the module and accumulates its gradients, "
+            f"which needs automatic optimization, and {type(model).__name__} sets `automatic_optimization = False`; "
+            "set parallel.micro_batch to a number (its training_step steps its optimizers itself)"
         )
     if accumulation <= 1:
         return

@@ -26,14 +26,10 @@ def check_resumable(resuming: dict[str, Any] | None, plan: Plan | None) -> None:
     """
     saved = (resuming or {}).get("global_batch_size")
     saved_accumulation = (resuming or {}).get("accumulation", 1)
-    # What the loader accumulates: under micro_batch auto the template splits whole steps itself (1).
+    # What the loader accumulates: where a layer splits whole steps itself (micro_batch auto), 1.
     accumulation = plan.loader_batches[1] if plan is not None else None
     if accumulation is not None and saved is not None and accumulation != saved_accumulation:
-        fix = (
-            f"--parallel.micro_batch auto, or --parallel.accumulation {saved_accumulation}"
-            if saved_accumulation == 1
-            else f"--parallel.accumulation {saved_accumulation}"
-        )
+        fix = f"--parallel.accumulation {saved_accumulation}"
         raise UserError(
             f"the checkpoint was trained with an accumulation of {saved_accumulation} loader batches per step, "
             f"this run's would be {accumulation}: the data position could not continue; resume with {fix} and "

@@ -2,7 +2,7 @@
 
 Three launchers start ranks as child processes: torchrun's agent (every worker), Lightning's launcher (rank 0
 re-runs ``python -m project ...`` for ranks 1..N-1 with LOCAL_RANK set) and the template's early launcher
-(:mod:`project.launch.early` forks ranks 1..N-1 from rank 0). When that parent dies (SIGKILL, a crash, a default
+(the early layer forks ranks 1..N-1 from rank 0). When that parent dies (SIGKILL, a crash, a default
 SIGUSR1), its children would otherwise be re-parented to init and train on unsupervised to the end, writing
 ``last.ckpt``, events and ``export/`` into the run directory while a requeued job trains in it too.
 

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from project.errors import Preempted, RankFailure, RunFailure, UserError, first_line
-from project.launch.ranks import ForkedRank, how_it_ended
+from project.launch.ranks import RankProcess, how_it_ended
 from project.launch.stop_signals import peer_stopped
 from project.layers import first_answer
 from project.lightning_private import launched_processes
@@ -109,7 +109,7 @@ def _gist(error: BaseException) -> str:
     return line.split(". ")[0][:160]
 
 
-def _failed_children(strategy: Any, wait_s: float) -> list[tuple[int, subprocess.Popen | ForkedRank]]:
+def _failed_children(strategy: Any, wait_s: float) -> list[tuple[int, subprocess.Popen | RankProcess]]:
     """(local rank, process) of the ranks this process started (launched or forked) that ended with an error."""
     procs = launched_processes(strategy)
     deadline = time.monotonic() + wait_s

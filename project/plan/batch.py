@@ -13,7 +13,6 @@ from typing import Any
 from project.errors import UserError
 from project.plan.config import ParallelConfig
 from project.plan.layout import Layout
-from project.plan.micro_batch import AUTO, micro_batch_candidates, per_device_request
 from project.plan.scenarios import SCENARIOS
 
 
@@ -43,6 +42,28 @@ def _split(global_: int, parts: int, name: str, what: str) -> int:
     return global_ // parts
 
 
+def per_device_request(per_device_batch_size: int | None, micro_batch: int | str | None) -> int | None:
+    """``per_device_batch_size`` as the section asks it, with ``micro_batch`` (its other name).
+
+    Raises:
+        UserError: ``auto``, which only the microbatch layer understands (it takes it before the plan is resolved),
+            a size that is not a number of samples, or two different sizes.
+    """
+    if micro_batch == "auto":
+        raise UserError(
+            "parallel.micro_batch=auto needs the microbatch layer (project/extras/microbatch), which this checkout "
+            "does not have; give an integer"
+        )
+    if isinstance(micro_batch, str) or (micro_batch is not None and micro_batch < 1):
+        raise UserError(f"parallel.micro_batch={micro_batch!r} must be a number of samples >= 1")
+    if micro_batch is not None and per_device_batch_size not in (None, micro_batch):
+        raise UserError(
+            f"parallel.micro_batch={micro_batch} and parallel.per_device_batch_size={per_device_batch_size} are two "
+            "names of one setting with two values; keep one"
+        )
+    return micro_batch if micro_batch is not None else per_device_batch_size
+
+
 def resolve_batch(
     data_batch_is_global: bool,
     global_batch_size: int | None,
@@ -55,9 +76,6 @@ def resolve_batch(
 ) -> BatchSizes:
     """(per-device, global, accumulation) from what was given; dp reads the data batch size as global.
 
-    Under ``micro_batch: auto`` the global batch is fixed here (at an accumulation of 1) and the per-device batch is
-    one whole step of this process, which the search divides (:meth:`project.plan.resolve.Plan.with_micro_batch`).
-
     Args:
         data_batch_is_global: The scenario reads the loader's batch as global and splits it (``dp``).
         global_batch_size: ``parallel.global_batch_size``.
@@ -67,14 +85,12 @@ def resolve_batch(
         per_device_batch_size: ``parallel.per_device_batch_size``: what fits on one device.
         accumulation: ``parallel.accumulation``: micro-batches per optimizer step.
         size_name: What messages call ``dp_size`` ("data-parallel size" under model parallelism).
-        micro_batch: ``parallel.micro_batch``: another name of ``per_device_batch_size``, or ``auto``.
+        micro_batch: ``parallel.micro_batch``: another name of ``per_device_batch_size``.
 
     Raises:
         UserError: a size below 1, numbers that do not divide, or three numbers that disagree.
     """
-    per_device_batch_size, accumulation, auto = per_device_request(per_device_batch_size, micro_batch, accumulation)
-    if auto and global_batch_size is None and not data_batch_is_global and data_batch_size is not None:
-        global_batch_size = data_batch_size * dp_size  # the global batch as without auto: one data batch each
+    per_device_batch_size = per_device_request(per_device_batch_size, micro_batch)
     given = (
         ("parallel.global_batch_size", global_batch_size),
         ("parallel.per_device_batch_size", per_device_batch_size),
@@ -164,7 +180,7 @@ class BatchRequest:
 
 
 def _batch_notes(global_data: bool, batch: BatchSizes, request: BatchRequest, factor: float | None) -> list[str]:
-    """What the plan says about its batch: dp's split, the scaled learning rate, micro-batch auto, accumulation."""
+    """What the plan says about its batch: dp's split, the scaled learning rate, the accumulation."""
     notes: list[str] = []
     if global_data and batch.global_ is not None:
         notes.append(
@@ -176,13 +192,7 @@ def _batch_notes(global_data: bool, batch: BatchSizes, request: BatchRequest, fa
             f"learning rates x {factor:g} ({request.lr_scaling}: global batch {batch.global_} against the "
             f"reference {request.reference_batch_size})"
         )
-    if request.micro_batch == AUTO and batch.per_device is not None:
-        notes.append(
-            f"micro-batch auto: the largest of {', '.join(map(str, micro_batch_candidates(batch.per_device)))} that "
-            f"fits on every rank, found by trial steps at the start of fit; the global batch stays {batch.global_} "
-            f"and the accumulation is {batch.per_device} / micro-batch"
-        )
-    elif batch.accumulation > 1:
+    if batch.accumulation > 1:
         notes.append(
             f"gradient accumulation: {batch.accumulation} micro-batches of {batch.per_device} per process make one "
             f"optimizer step of {batch.global_}; DDP all-reduces on the last micro-batch only"
@@ -210,7 +220,7 @@ def batch_fields(
     notes = _batch_notes(scenario.data_batch_is_global, batch, request, factor)
     configured = request.configured_lr
     fields = {
-        "micro_batch": AUTO if request.micro_batch == AUTO else batch.per_device,
+        "micro_batch": batch.per_device,
         "per_device_batch_size": batch.per_device,
         "global_batch_size": batch.global_,
         "accumulation": batch.accumulation,

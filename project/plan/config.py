@@ -135,7 +135,7 @@ class ParallelConfig:
         timeout_s: Seconds a collective of the process group may wait before failing (the barrier
             callback has its own ``timeout_s``).
         launcher: auto (Lightning's launcher, or the outside one that started the processes: torchrun,
-            SLURM, Kubeflow) | ray (the same run as a Ray Train job; ``pip install -e .[ray]``).
+            SLURM, Kubeflow) | ray (the same run as a Ray Train job: the ray layer, ``pip install -e .[ray]``).
         compile: Apply ``torch.compile`` to the model after the DDP/FSDP wrap.
         precision: 32 | 64 (float64 everywhere: equivalences without float noise) | bf16-mixed | 16-mixed (GPUs
             only): the Trainer's precision, owned by the plan.

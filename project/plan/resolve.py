@@ -26,7 +26,6 @@ from project.plan.config import Hardware, ParallelConfig, refuse_unknown_choices
 from project.plan.environment import LaunchEnvironment, requested_launcher
 from project.plan.launch_notes import describe_launch
 from project.plan.layout import LaunchMismatchError, Layout, resolve_layout
-from project.plan.micro_batch import AUTO, refuse_auto
 from project.plan.settings import resolve_backend, setting_notes
 from project.plan.strategies import STRATEGIES, StrategyRow, is_interactive, strategy_name
 
@@ -60,11 +59,14 @@ class Plan:
     precision: str = "32"
     #: ``torch.compile`` the module's networks in place after the strategy's wrap (``project.parallel.compile``).
     compile: bool = False
-    #: ``parallel.micro_batch``: ``auto`` until the search at the start of ``fit`` picked one, then the size
-    #: picked (the same as ``per_device_batch_size``); a number, or ``None`` when not asked.
+    #: ``parallel.micro_batch``: the per-device batch (its other name), or what a layer says (the microbatch
+    #: layer's ``auto``, until its search at the start of ``fit`` picked a size).
     micro_batch: int | str | None = None
-    #: The sizes the search tried, largest first, and whether each fitted on every rank (``fit`` under ``auto``).
-    micro_batch_trials: tuple[tuple[int, bool], ...] = field(default_factory=tuple)
+    #: A layer splits each process's step into micro-batches itself (microbatch: ``auto``): the training loader hands
+    #: each process its whole step, and Lightning accumulates nothing (:attr:`loader_batches`).
+    splits_in_step: bool = False
+    #: What layers add to plan.json (microbatch: ``micro_batch_trials``, the sizes its search tried).
+    records: dict[str, Any] = field(default_factory=dict)
     #: What the batch fields were resolved from (not shown: the batch fields and notes say it).
     request: BatchRequest = field(default_factory=BatchRequest, repr=False)
     #: The notes that do not depend on the batch.
@@ -86,9 +88,8 @@ class Plan:
         data["strategy"] = {"name": self.strategy, **data.pop("strategy_args")}
         data["notes"] = list(self.notes)
         data["capabilities"] = self.row.to_dict()
-        del data["request"], data["setting_notes"]
-        if not self.micro_batch_trials:  # no search ran (or not yet)
-            del data["micro_batch_trials"]
+        del data["request"], data["setting_notes"], data["splits_in_step"]
+        data.update(data.pop("records"))
         return data
 
     def with_data_batch(self, data_batch_size: int | None) -> Plan:
@@ -100,44 +101,13 @@ class Plan:
         fields, notes = batch_fields(self.layout, self.request, data_batch_size)
         return replace(self, **fields, notes=(*notes, *self.setting_notes))
 
-    def with_micro_batch(self, micro: int, trials: tuple[tuple[int, bool], ...]) -> Plan:
-        """This plan (under ``micro_batch: auto``) with the picked micro-batch.
-
-        The same global batch, the accumulation that makes it up, and the search's note in place of the one that
-        said it was to come.
-        """
-        assert self.per_device_batch_size is not None and self.per_device_batch_size % micro == 0
-        accumulation = self.per_device_batch_size // micro
-        tried = ", ".join(f"{size} {'fits' if fitted else 'does not'}" for size, fitted in trials)
-        note = (
-            f"micro-batch auto picked {micro} per process ({tried}): {micro} x {self.dp_size} x accumulation "
-            f"{accumulation} = global batch {self.global_batch_size}"
-        )
-        notes = tuple(n for n in self.notes if not n.startswith("micro-batch auto:"))
-        return replace(
-            self,
-            per_device_batch_size=micro,
-            accumulation=accumulation,
-            micro_batch=micro,
-            micro_batch_trials=trials,
-            notes=(note, *notes),
-        )
-
-    @property
-    def splits_in_step(self) -> bool:
-        """Whether the template splits each process's step into micro-batches itself (``micro_batch: auto``).
-
-        Then the training loader hands each process its whole step, and a data-dependent memory spike is survived
-        by splitting finer (:mod:`project.parallel.split_step`); otherwise Lightning accumulates loader batches.
-        """
-        return self.micro_batch == AUTO or bool(self.micro_batch_trials)
-
     @property
     def loader_batches(self) -> tuple[int | None, int]:
         """``(samples per training-loader batch on a process, loader batches per optimizer step)``.
 
         What the sampler deals and Lightning's ``accumulate_grad_batches``; the data position of a checkpoint
-        counts these batches.
+        counts these batches. Where a layer splits each step itself (:attr:`splits_in_step`) a loader batch is a
+        whole step of the process.
         """
         if self.splits_in_step and self.per_device_batch_size is not None:
             return self.per_device_batch_size * self.accumulation, 1
@@ -208,7 +178,6 @@ def resolve_plan(
     external = environment.external
     start_method = "fork" if is_interactive() and not external else "popen"
     strategy = strategy_name(layout)
-    refuse_auto(config, STRATEGIES[strategy])
     launch, launch_notes = describe_launch(environment, layout.per_node, layout.num_nodes)
     settings = (*setting_notes(config, layout, strategy, start_method), *launch_notes)
     return Plan(

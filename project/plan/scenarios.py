@@ -19,7 +19,7 @@ class Scenario:
     #: The strategy (a row of :data:`project.plan.strategies.STRATEGIES`) on more than one process.
     strategy: str
     #: Its strategy forks the ranks from this process itself (a notebook's way), so the template's start-up
-    #: launcher (:mod:`project.launch.early`) must not start them first.
+    #: launcher (the early layer's fork) must not start them first.
     forks_itself: bool = False
     #: How the data-parallel degree is made: every process a replica (DDP), or shards (fsdp: ``dp_shard``).
     data_parallel: Literal["replicate", "shard"] = "replicate"

@@ -164,10 +164,6 @@ CASES = {
     ),
     "a-stray-rank-in-the-environment": Case(("fit", *BASE), ("RANK=1", "no launcher", "unset RANK"), env={"RANK": "1"}),
     "cpu-threads-below-one": Case(("fit", *BASE, "--parallel.cpu_threads", "0"), ("parallel.cpu_threads=0", ">= 1")),
-    "micro-batch-auto-on-a-stream": Case(
-        ("fit", *BASE, "--data.class_path", "user_code.StreamedDigits", "--parallel.micro_batch", "auto"),
-        ("parallel.micro_batch='auto'", "is a stream", "set parallel.micro_batch to a number"),
-    ),
     "trainer-precision-beside-the-parallel-section": Case(
         ("fit", *BASE, "--trainer.precision", "bf16-mixed"), ("trainer.precision='bf16-mixed'", "parallel")
     ),

@@ -1,5 +1,5 @@
 """Every way the seed's users launch: Lightning's launcher, torchrun, torch.distributed.launch, several nodes, SLURM,
-Kubeflow (Ray: tests/slow/test_ray.py, a real SLURM cluster: tests/distributed/test_slurm.py).
+Kubeflow, the Ray driver's plan (Ray itself: the ray layer's tests; a real SLURM: tests/distributed/test_slurm.py).
 
 Each test starts real processes (CPU, gloo) the way a user would and reads the ``plan.json`` of the
 run: the layout it took from the launcher and what Lightning itself detected.
@@ -8,7 +8,6 @@ run: the layout it took from the launcher and what Lightning itself detected.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +17,10 @@ import yaml
 
 from project.errors import UserError
 from project.launch.legacy import strip_legacy_local_rank
-from project.launch.ray import check_ray_plan
 from project.plan.environment import LaunchEnvironment, detect_environment
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 
-from helpers import CPU_DDP, DIGITS, FAST, REPO, assert_clean_error, cli_env, free_port, read_plan, run_cli, run_dirs
+from helpers import CPU_DDP, DIGITS, FAST, REPO, cli_env, free_port, read_plan, run_cli, run_dirs
 
 # A few steps are enough to prove the processes found each other and trained together.
 SHORT = ["--config", FAST, "--trainer.max_steps", "4", "--trainer.limit_val_batches", "1", "--test_after_fit", "false"]
@@ -178,7 +176,7 @@ def test_pytorchjob_manifest_runs_the_template_in_every_pod():
     assert configs and all((REPO / config).is_file() for config in configs)
 
 
-def test_ray_plan_submits_a_job_of_world_size_workers_and_refuses_what_ray_cannot_run():
+def test_ray_plan_submits_a_job_of_world_size_workers():
     driver = _plan({"RAY_ADDRESS": "10.0.0.1:6379", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "ray"}, launcher="ray")
     # In the driver (even inside the SLURM job that hosts the Ray cluster) no rank runs: Ray starts the workers.
     assert (driver.launcher, driver.world_size, driver.launch) == ("ray", 2, {"workers": 2, "address": "10.0.0.1:6379"})
@@ -187,27 +185,6 @@ def test_ray_plan_submits_a_job_of_world_size_workers_and_refuses_what_ray_canno
     torchrun = {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     with pytest.raises(UserError, match=r"parallel.launcher=ray in a process that torchrun started"):
         _plan(torchrun, launcher="ray")
-    fork = resolve_plan(
-        ParallelConfig(scenario="fork", devices=2, launcher="ray"), Hardware(0), detect_environment({}), 64
-    )
-    with pytest.raises(UserError, match=r"scenario='fork' forks the ranks from this process"):
-        check_ray_plan(fork)
-    ids = resolve_plan(
-        ParallelConfig(scenario="ddp", devices=[1, 3], launcher="ray"), Hardware(4), detect_environment({}), 8
-    )
-    with pytest.raises(UserError, match=r"parallel.devices=\[1, 3\] names GPUs.*parallel.devices=2"):
-        check_ray_plan(ids)
-
-
-def test_without_ray_the_launcher_is_one_line_naming_the_extra(tmp_path):
-    # A `ray` package that cannot be imported stands for an environment without the extra.
-    shadow = tmp_path / "no_ray" / "ray"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
-    pythonpath = os.pathsep.join([str(shadow.parent), cli_env()["PYTHONPATH"]])
-    result = run_cli([*FIT_DDP, "--parallel.launcher", "ray"], tmp_path, {"PYTHONPATH": pythonpath})
-    assert_clean_error(result, "parallel.launcher=ray needs Ray Train", "pip install -e .[ray]")
-    assert result.returncode == 2 and run_dirs(tmp_path) == []
 
 
 def pytorchjob_command() -> list[str]:

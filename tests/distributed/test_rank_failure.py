@@ -25,7 +25,7 @@ AFTER_KILL_S = 60
 AFTER_TIMEOUT_S = 30
 TIMEOUT_S = 20  # also the join timeout: a loaded machine can take over 10 s to start rank 1
 LAUNCHERS = {
-    "lightning": ("-m", "project"),  # the template forks the ranks at once (project.launch)
+    "lightning": ("-m", "project"),  # the early layer forks the ranks at once (without it: Lightning's launcher)
     "lightning-launcher": ("-m", "project"),  # with PROJECT_EARLY_LAUNCH=0: Lightning's launcher starts rank 1
     "torchrun": ("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "{port}", "-m", "project"),
 }

@@ -10,6 +10,7 @@ scheduler sends it, while every rank waits at the named moment (``preempt_faults
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -30,6 +31,10 @@ TWO = ["fit", "--config", DIGITS, "--config", CPU_DDP, "--config", FAST, "--para
 TWO += ["--parallel.global_batch_size", "32", "--trainer.max_steps", "6", "--trainer.limit_val_batches", "2"]
 TWO += ["--test_after_fit", "false"]
 GONE_WITHIN_S = 20.0
+#: The micro-batch trial is the microbatch layer's (``micro_batch: auto``): without it, that moment is not there.
+NEEDS_MICROBATCH = pytest.mark.skipif(
+    importlib.util.find_spec("project.extras.microbatch") is None, reason="the microbatch layer was stripped"
+)
 
 
 def callback(class_path: str, **init: object) -> str:
@@ -98,7 +103,9 @@ def step_of(path: Path) -> int:
     ("moment", "to", "extra", "resume"),
     [
         ("sanity_check", {0: "SIGUSR2", 1: "SIGUSR2"}, [], True),
-        ("micro_batch", {1: "SIGTERM"}, ["--parallel.micro_batch", "auto"], False),  # the resume: shown once
+        pytest.param(  # the resume: shown once
+            "micro_batch", {1: "SIGTERM"}, ["--parallel.micro_batch", "auto"], False, marks=NEEDS_MICROBATCH
+        ),
     ],
     ids=["sigusr2-to-every-rank-in-the-sanity-check", "sigterm-to-rank-1-in-the-micro-batch-trial"],
 )

@@ -34,7 +34,6 @@ CASES = {
     "check-head-never-trained": ["check", "--config", DIGITS, *DDP_HEADS, "--steps", "1"],
     "trainer-strategy-find-unused": [*FIT, "--trainer.strategy", "ddp_find_unused_parameters_true"],
     "manual-accumulation-fit": [*FIT, *GAN, "--parallel.accumulation", "2"],
-    "manual-micro-batch-auto": [*FIT, *GAN, "--parallel.micro_batch", "auto"],
     "manual-accumulation-plan": [
         "plan", "--config", DIGITS, *GAN, "--parallel.global_batch_size", "128",
         "--parallel.per_device_batch_size", "32",
@@ -110,14 +109,6 @@ def test_manual_optimization_with_accumulation_is_refused_before_training(outcom
     assert "parallel.accumulation=2" in error and "ManualGAN sets `automatic_optimization = False`" in error, error
     assert "set parallel.accumulation: 1" in error and "accumulate_grad_batches" not in result.stderr
     assert "Starting with 2 processes" not in result.stdout + result.stderr  # before any process started
-    assert list(cwd.iterdir()) == []
-
-
-def test_manual_optimization_with_micro_batch_auto_is_refused_before_training(outcomes):
-    result, cwd = outcomes["manual-micro-batch-auto"]
-    error = one_error_line(result)
-    assert "parallel.micro_batch='auto'" in error and "ManualGAN" in error, error
-    assert "set parallel.micro_batch to a number" in error, error
     assert list(cwd.iterdir()) == []
 
 

@@ -1,7 +1,7 @@
 """The commands are one table (project/commands.py): the code reads each command's row, not its name.
 
 An AST count proves that the command's name is (almost) never compared with a string outside the table; the rows'
-facts are checked here against the pre-parse (which commands may have their ranks forked at once), and in
+facts are checked here (the early layer's tests check which commands its pre-parse forks ranks for), and in
 tests/cli/test_command_facts.py against what the commands do in real runs (their options, the run lock, tracking,
 the test after fit, predictions, what plan and check leave behind).
 """
@@ -15,7 +15,6 @@ import pytest
 
 from project.commands import COMMANDS, CORE_COMMANDS, Builds, command_of, split_command
 from project.errors import UserError
-from project.launch.preparse import processes_to_start
 from project.layers import installed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,10 +104,5 @@ def test_only_fit_trains_locks_tracks_tests_after_and_stops_on_a_signal():
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
-def test_the_pre_parse_forks_ranks_only_for_a_command_that_starts_them(name, tmp_path):
-    """Two CPU processes: forked at once for a row that starts its ranks early, left alone for any other."""
-    config = tmp_path / "two.yaml"
-    config.write_text("parallel:\n  devices: 2\n")
-    started = processes_to_start([name, "--config", str(config)], environ={}, gpus_possible=False)
-    assert started == (2 if COMMANDS[name].starts_ranks_early else None)
+def test_a_command_may_have_its_ranks_started_early_exactly_when_it_builds_a_trainer(name):
     assert COMMANDS[name].starts_ranks_early == COMMANDS[name].builds_trainer

@@ -35,6 +35,19 @@ def test_one_sample_and_one_micro_batch_are_legal_sizes():
     assert (got.per_device_batch_size, got.global_batch_size) == (1, 1)
 
 
+def test_an_integer_micro_batch_is_the_per_device_batch_and_auto_is_a_layers():
+    got = plan(0, scenario="cpu", devices=2, global_batch_size=128, micro_batch=16)
+    assert (got.micro_batch, got.per_device_batch_size, got.accumulation) == (16, 16, 4)
+    # The microbatch layer takes `auto` off the section before the plan is resolved; here nothing did.
+    assert error(0, micro_batch="auto") == (
+        "parallel.micro_batch=auto needs the microbatch layer (project/extras/microbatch), which this checkout does "
+        "not have; give an integer"
+    )
+    assert "parallel.micro_batch=16 and parallel.per_device_batch_size=8 are two names" in error(
+        0, micro_batch=16, per_device_batch_size=8
+    )
+
+
 def test_under_dp_the_error_blames_the_data_batch_the_user_gave():
     """dp reads the loader's batch as the global one: the message names that, not a setting left unset."""
     message = error(4, data_batch=10, scenario="dp", devices="all")

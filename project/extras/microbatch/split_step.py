@@ -6,7 +6,7 @@ batch, and Lightning accumulates nothing. :class:`SplitStep` stands in for the m
 - it splits the batch into ``P / m`` micro-batches (:func:`split_batch`) and runs the module's own
   ``training_step`` and a backward on each; their gradients add up in ``.grad``, as under Lightning's
   accumulation. These forwards do not go through DDP's wrapper, so their backwards all-reduce nothing;
-- the ranks agree on the outcome in one MIN all-reduce (:func:`~project.parallel.micro_batch.agree`);
+- the ranks agree on the outcome in one MIN all-reduce (:func:`~.trial.agree`);
 - if every rank fitted, it returns the step's loss through :class:`_SyncGradients`, whose backward adds zero to
   each gradient: Lightning's backward of it makes DDP all-reduce the gradients added up, once;
 - if a rank ran out of memory (a data-dependent spike), every rank undoes the attempt (gradients, buffers,
@@ -31,7 +31,7 @@ import lightning as L
 import torch
 
 from project.errors import RunFailure, UserError
-from project.parallel.micro_batch import (
+from project.extras.microbatch.trial import (
     FAILED,
     FITS,
     OUT_OF_MEMORY,

@@ -112,7 +112,7 @@ def test_a_failed_job_is_one_line_naming_the_worker_where_it_started():
     from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
 
     from project.errors import RankFailure, RunFailure, UserError
-    from project.launch.ray import failure_from_ray
+    from project.extras.ray.job import failure_from_ray
 
     died = RuntimeError("The actor died unexpectedly before finishing this task.\n\tpid: 4242\n\tip: 10.0.0.2")
     lost = RankFailure("rank 0 lost rank 1 during a collective: that rank died or was killed (Connection reset)")

@@ -5,11 +5,12 @@ step, in micro-batches of ``m``. Only speed and memory depend on ``m``, never th
 global batches, :mod:`project.parallel.samplers`), so the template may choose it: at ``on_fit_start`` (the model is
 wrapped and the optimizers exist), it tries ``P``, then the largest divisor of ``P`` at most half of it, and so on
 (at most ``log2(P) + 1`` trials), each a real step on real samples whose effects are undone
-(:mod:`project.parallel.micro_batch`); the ranks agree on each verdict, so all keep one size.
+(:mod:`.trial`); the ranks agree on each verdict, so all keep one size.
 
 Under ``auto`` the training loader hands each process its whole step and the template splits it into micro-batches
-itself (:mod:`project.parallel.split_step`), so that a step that runs out of memory later on any rank is done
-again, finer, by every rank. The data position of a checkpoint counts steps, so a resumed run searches afresh.
+itself (:mod:`.split_step`), so that a step that runs out of memory later on any rank is done again, finer, by every
+rank. The data position of a checkpoint counts steps, so a resumed run searches afresh. :func:`micro_batch_callbacks`
+is the layer's ``callbacks`` hook: the builder adds the search to every Trainer of a run under ``auto``.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from torch.utils.data import DataLoader
 
 from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.errors import RunFailure, UserError
-from project.parallel.micro_batch import FAILED, FITS, agree, try_micro_batch
-from project.parallel.split_step import SplitStep
-from project.plan.micro_batch import AUTO, micro_batch_candidates
+from project.extras.microbatch.plan import AUTO, micro_batch_candidates, picked
+from project.extras.microbatch.split_step import SplitStep
+from project.extras.microbatch.trial import FAILED, FITS, agree, try_micro_batch
 from project.run_state import RunState
 
 _PER_SAMPLE_STATISTICS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
@@ -37,17 +38,22 @@ def _fetch(loader: DataLoader, indices: list[Any]) -> Any:
     return getitems(indices) if callable(getitems) else [loader.dataset[index] for index in indices]
 
 
+def micro_batch_callbacks(state: RunState, row: Any, config: Any) -> list[L.Callback]:
+    """The layer's ``callbacks`` hook: the search, for a run whose plan says ``micro_batch: auto``."""
+    return [MicroBatchSearch(state)] if state.built is not None and state.built.micro_batch == AUTO else []
+
+
 class MicroBatchSearch(L.Callback):
     """Pick the micro-batch under ``micro_batch: auto``; hand it to the plan and to the split of each step.
 
+    The trial steps draw from the training loader the template's loader callback built at ``setup``.
+
     Args:
-        state: The run's state: its plan (resolved with the data batch), which the pick replaces.
-        loaders: The loader callback, whose training loader (built at ``setup``) the trial steps draw from.
+        state: The run's state: its plan (resolved with the data batch), which the pick changes.
     """
 
-    def __init__(self, state: RunState, loaders: LoaderGuaranteesCallback) -> None:
+    def __init__(self, state: RunState) -> None:
         self.state = state
-        self.loaders = loaders
         self._split: SplitStep | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -55,7 +61,8 @@ class MicroBatchSearch(L.Callback):
         plan = self.state.plan
         if plan is None or plan.micro_batch != AUTO:
             return
-        built = self.loaders.training_loader()
+        loaders = next((c for c in trainer.callbacks if isinstance(c, LoaderGuaranteesCallback)), None)
+        built = loaders.training_loader() if loaders is not None else None
         if built is None or plan.per_device_batch_size is None:
             raise UserError(
                 "parallel.micro_batch='auto' needs a map-style training dataset whose loader has a batch_size (the "
@@ -84,7 +91,7 @@ class MicroBatchSearch(L.Callback):
                 f"micro_batch auto: no micro-batch fits in memory on every rank (tried {tried} samples per process); "
                 "use more processes, a smaller model, or scenario fsdp with a fixed parallel.micro_batch"
             )
-        self.state.use_micro_batch(micro, tuple(trials))  # the loader keeps whole steps, split later
+        self.state.amend(picked(micro, tuple(trials)))  # the loader keeps whole steps, split later
         self._split = SplitStep(trainer, micro, candidates, plan.per_device_batch_size)
         self._split.install()
         self._say(trainer, pl_module)

@@ -10,17 +10,27 @@ import pytest
 import torch
 
 from project.errors import UserError
-from project.parallel.micro_batch import call_training_step
-from project.parallel.split_step import split_batch
+from project.extras.microbatch.plan import micro_batch_candidates, picked, take_auto
+from project.extras.microbatch.search import MicroBatchSearch, micro_batch_callbacks
+from project.extras.microbatch.split_step import split_batch
+from project.extras.microbatch.trial import call_training_step
 from project.plan.environment import LaunchEnvironment
-from project.plan.micro_batch import micro_batch_candidates
-from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
+from project.plan.resolve import Hardware, ParallelConfig
+from project.run_state import RunState
 
 LOCAL = LaunchEnvironment(launcher="lightning", external=False)
+TRIALS = ((64, False), (32, False), (16, True))
 
 
-def plan(data_batch: int | None = 64, **fields):
-    return resolve_plan(ParallelConfig(**fields), Hardware(0), LOCAL, data_batch)
+def state_of(gpus: int = 0, **fields) -> RunState:
+    """The run's state as the builder makes it, with the layer's ``on_state`` hook applied."""
+    state = RunState(ParallelConfig(**fields), Hardware(gpus))
+    take_auto(state, None)
+    return state
+
+
+def plan(data_batch: int | None = 64, gpus: int = 0, **fields):
+    return state_of(gpus, **fields).resolve(LOCAL, data_batch, None)
 
 
 def error(**fields) -> str:
@@ -48,15 +58,16 @@ def test_auto_fixes_the_global_batch_and_offers_one_whole_step_per_process():
 
 def test_picking_keeps_the_global_batch_and_derives_the_accumulation():
     got = plan(scenario="cpu", devices=2, global_batch_size=128, micro_batch="auto")
-    picked = got.with_micro_batch(16, ((64, False), (32, False), (16, True)))
-    assert (picked.micro_batch, picked.per_device_batch_size, picked.accumulation) == (16, 16, 4)
+    chosen = picked(16, TRIALS)(got)
+    assert (chosen.micro_batch, chosen.per_device_batch_size, chosen.accumulation) == (16, 16, 4)
     assert "micro_batch_trials" not in got.to_dict()
-    assert picked.global_batch_size == 128 and list(map(list, picked.to_dict()["micro_batch_trials"])) == [
+    assert chosen.global_batch_size == 128 and list(map(list, chosen.to_dict()["micro_batch_trials"])) == [
         [64, False],
         [32, False],
         [16, True],
     ]
-    assert picked.notes[0].startswith("micro-batch auto picked 16 per process (64 does not, 32 does not, 16 fits)")
+    assert chosen.notes[0].startswith("micro-batch auto picked 16 per process (64 does not, 32 does not, 16 fits)")
+    assert not any(note.startswith("micro-batch auto:") for note in chosen.notes)  # the note of what was to come
 
 
 def test_a_number_is_the_per_device_batch():
@@ -70,24 +81,48 @@ def test_a_number_is_the_per_device_batch():
         ({"micro_batch": "auto", "per_device_batch_size": 8}, "parallel.per_device_batch_size=8 is set too"),
         ({"micro_batch": "auto", "accumulation": 2}, "parallel.accumulation=2 is set too"),
         ({"micro_batch": 16, "per_device_batch_size": 32}, "two names of one setting"),
-        ({"micro_batch": 0}, "must be 'auto' or a number of samples >= 1"),
-        ({"micro_batch": "max"}, "must be 'auto' or a number"),
+        ({"micro_batch": 0}, "must be a number of samples >= 1"),
+        ({"micro_batch": "max"}, "must be a number of samples >= 1"),
         ({"micro_batch": "auto", "scenario": "fsdp", "devices": 2}, "scenario 'fsdp' shards across processes"),
         ({"micro_batch": "auto", "scenario": "zero1", "devices": 2}, "scenario 'zero1' shards across processes"),
         ({"micro_batch": 12, "global_batch_size": 128, "scenario": "cpu", "devices": 2}, "does not divide"),
-        ({"micro_batch": "auto", "precision": "16-mixed"}, "the float16 loss scaler is not applied"),
+        ({"micro_batch": "auto", "precision": "16-mixed", "gpus": 1}, "the float16 loss scaler is not applied"),
     ],
 )
 def test_refusals_name_the_setting(fields, needle):
     assert needle in error(**fields)
 
 
+def test_the_state_keeps_auto_through_the_data_batch_and_the_pick():
+    state = state_of(scenario="cpu", devices=1, global_batch_size=16, micro_batch="auto")
+    assert state.section.micro_batch is None  # the core resolves one whole step per process
+    state.built = state.resolve(LOCAL, None, None)
+    assert state.plan is None and state.built.micro_batch == "auto" and state.built.splits_in_step
+    completed = state.with_data_batch(16)
+    assert completed.micro_batch == "auto" and completed.per_device_batch_size == 16
+    chosen = state.amend(picked(4, ((16, False), (8, False), (4, True))))
+    assert state.plan is chosen and chosen.micro_batch == 4 and chosen.loader_batches == completed.loader_batches
+    # A later fit builds the loader again: the batch completes the built plan, and the pick is kept.
+    assert state.with_data_batch(16).micro_batch == 4
+    assert state.evaluating() is state.plan
+
+
+def test_the_search_is_added_to_a_run_under_auto_only():
+    auto = state_of(scenario="cpu", devices=1, micro_batch="auto")
+    auto.built = auto.resolve(LOCAL, None, None)
+    (search,) = micro_batch_callbacks(auto, None, None)
+    assert isinstance(search, MicroBatchSearch) and search.state is auto
+    fixed = state_of(scenario="cpu", devices=1, micro_batch=8)
+    fixed.built = fixed.resolve(LOCAL, None, None)
+    assert micro_batch_callbacks(fixed, None, None) == []
+
+
 def test_under_auto_the_loader_hands_whole_steps_and_lightning_accumulates_nothing():
     auto = plan(scenario="cpu", devices=2, global_batch_size=128, micro_batch="auto")
     assert auto.loader_batches == (64, 1)
-    picked = auto.with_micro_batch(16, ((64, False), (32, False), (16, True)))
-    assert (picked.per_device_batch_size, picked.accumulation) == (16, 4)  # what each forward and backward takes
-    assert picked.loader_batches == (64, 1)  # what the sampler deals and the checkpoint's position counts
+    chosen = picked(16, TRIALS)(auto)
+    assert (chosen.per_device_batch_size, chosen.accumulation) == (16, 4)  # what each forward and backward takes
+    assert chosen.loader_batches == (64, 1)  # what the sampler deals and the checkpoint's position counts
     fixed = plan(scenario="cpu", devices=2, global_batch_size=128, micro_batch=16)
     assert fixed.loader_batches == (16, 4)
 

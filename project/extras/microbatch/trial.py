@@ -119,7 +119,7 @@ def recording_logs(module: L.LightningModule, logged: list[tuple[str, tuple, dic
     """``self.log`` / ``self.log_dict`` calls kept in ``logged`` (name, args, kwargs) instead of being made.
 
     A trial step is not a step of the run, and an attempt of a step counts only once every rank fitted it
-    (:mod:`project.parallel.split_step`); the values are kept detached.
+    (:mod:`.split_step`); the values are kept detached.
     """
 
     def keeper(name: str) -> Any:

@@ -3,13 +3,14 @@
 Under Lightning's launcher rank 0 starts the others when it reaches ``trainer.fit``, and each of them then
 spends seconds importing torch and Lightning: on 2 cores, 2 processes took twice as long as one to reach their
 first step, 4 processes four times. Here :func:`ranks_started_at_once` reads the layout from the command line
-(:mod:`project.launch.preparse`) and, when it is N CPU processes on this machine, forks N-1 ranks from the
+(:mod:`.preparse`) and, when it is N CPU processes on this machine, forks N-1 ranks from the
 imported interpreter at once: one import for all of them, and every rank parses and builds at the same time.
 
 Each forked rank gets what Lightning's launcher gives its children (LOCAL_RANK, NODE_RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT), its rank in ``rank_zero_only`` (Lightning read it at import, in rank 0), and dies
 with rank 0 (the parent-death signal). Rank 0 sets the same variables once its plan agrees
-(:func:`project.launch.ranks.confirm_started_ranks`), so Lightning starts no process again. Forking after
+(:meth:`.ranks.StartedRanks.confirm`, through :func:`project.launch.ranks.confirm_started_ranks`), so
+Lightning starts no process again. Forking after
 the imports is safe because nothing has run yet: no thread pool of torch's, no CUDA, no process group.
 """
 
@@ -25,17 +26,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from project import errors
-from project.launch.child import PARENT_ENV, wait_for_rank_zero
+from project.extras.early.child import PARENT_ENV, wait_for_rank_zero
+from project.extras.early.preparse import processes_to_start
+from project.extras.early.ranks import ForkedRank, StartedRanks, watch
 from project.launch.orphans import die_with_parent
-from project.launch.preparse import processes_to_start
-from project.launch.ranks import (
-    ForkedRank,
-    StartedRanks,
-    finish_started_ranks,
-    register,
-    started_ranks,
-    stop_started_ranks,
-)
+from project.launch.ranks import started_ranks
 
 #: What the watcher's line says to do once the cause of a dead rank is fixed, by command.
 _THEN = {"fit": "then resume with `fit --ckpt_path last`", "check": "then run check again"}
@@ -61,11 +56,11 @@ def ranks_started_at_once(argv: Sequence[str]) -> Iterator[None]:
         yield
     except BaseException as error:
         if isinstance(error, SystemExit) and error.code in (None, 0):  # e.g. Lightning's stop on SIGTERM
-            finish_started_ranks()
+            started.finish()
         else:
-            stop_started_ranks()
+            started.stop()
         raise
-    finish_started_ranks()
+    started.finish()
 
 
 def _fork_ranks(count: int, command: str) -> StartedRanks | None:
@@ -101,7 +96,7 @@ def _fork_ranks(count: int, command: str) -> StartedRanks | None:
             return None
         ranks.append(ForkedRank(pid, local_rank))
     started = StartedRanks(ranks, environment, _THEN.get(command, "then run the command again"), keep)
-    register(started)
+    watch(started)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _forward_sigterm)
     return started

@@ -4,7 +4,7 @@ The pre-parse that decides it is a table (command line and config files -> N pro
 Lightning's launcher), checked against the real parser. Real 2-process runs show that rank 1 exists before
 rank 0 parsed its config (under Lightning's launcher it starts at ``trainer.fit``), that both ways train to the
 same weights, that a refusal is one line and leaves no process, and that a rank lost before the ranks met is
-named. Stamps come from a test-only callback (tests/early_launch_probe.py).
+named. Stamps come from a test-only callback (tests/extras/early/early_launch_probe.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from project.errors import UserError
+from project.extras.early import ranks as forked
+from project.extras.early.preparse import processes_to_start
 from project.launch import ranks
-from project.launch.preparse import processes_to_start
 from project.plan.environment import detect_environment
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 
@@ -141,7 +142,7 @@ def test_the_parser_and_the_plan_agree_with_the_pre_parse(files, name):
 
 def test_a_plan_that_disagrees_with_the_started_ranks_stops_them_and_is_one_line(monkeypatch):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    started = ranks.StartedRanks([ranks.ForkedRank(sleeper.pid, 1)], {"WORLD_SIZE": "2"}, "then run it again")
+    started = forked.StartedRanks([forked.ForkedRank(sleeper.pid, 1)], {"WORLD_SIZE": "2"}, "then run it again")
     monkeypatch.setattr(ranks, "_STARTED", None)
     ranks.register(started)
     three = resolve_plan(ParallelConfig(scenario="cpu", devices=3), Hardware(0), detect_environment({}), None)
@@ -154,7 +155,7 @@ def test_a_plan_that_agrees_sets_what_lightnings_launcher_would(monkeypatch):
     for key in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"):
         monkeypatch.setenv(key, "unset")  # restored after the test
     environment = {"WORLD_SIZE": "2", "MASTER_PORT": "29511"}
-    monkeypatch.setattr(ranks, "_STARTED", ranks.StartedRanks([ranks.ForkedRank(os.getpid(), 1)], environment, ""))
+    monkeypatch.setattr(ranks, "_STARTED", forked.StartedRanks([forked.ForkedRank(os.getpid(), 1)], environment, ""))
     two = resolve_plan(ParallelConfig(scenario="cpu", devices=2), Hardware(0), detect_environment({}), None)
     ranks.confirm_started_ranks(two)
     assert [os.environ[key] for key in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")] == ["0", "2", "29511"]

@@ -6,7 +6,7 @@ fields, ``parallel: null`` drops the section, a ``--parallel.X`` after it starts
 ``--parallel.X value`` overrides in their place. It answers only what it reads with certainty, and ``None``
 (Lightning's launcher starts the ranks, as without it) for anything else: an outside launcher, an inline or
 unreadable config, a field it does not know, GPUs that may be visible, several nodes, Ray. Rank 0 checks the
-answer against the real plan (:func:`project.launch.ranks.confirm_started_ranks`).
+answer against the real plan (:meth:`.ranks.StartedRanks.confirm`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ driver), exactly as under any other launcher, then submits a ``TorchTrainer`` jo
 workers to the Ray cluster at ``RAY_ADDRESS`` (or to a local Ray instance it starts) and waits. The driver
 never trains. Each worker changes into the driver's working directory and runs the same command through
 :func:`project.cli.execute`, so the plan, the samplers, exactly-once evaluation, checkpoints, export and the
-run directory are those of every other launcher; rank 0 returns its run directory to the driver.
+run directory are those of every other launcher; rank 0 returns its run directory to the driver. The core asks
+:func:`submitter` (the layer's ``submit`` hook, :mod:`project.launch.submit`) and hands the job to it.
 
 In a worker, Ray Train has created the process group (with the plan's backend and ``timeout_s``, given to
 ``TorchConfig``) and set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and NODE_RANK;
@@ -28,7 +29,6 @@ from collections.abc import Callable
 from typing import Any
 
 from project.errors import RankFailure, RunFailure, UserError, first_line
-from project.plan.environment import detect_environment
 from project.plan.launchers import RAY
 from project.plan.resolve import Plan
 from project.plan.scenarios import SCENARIOS
@@ -41,9 +41,9 @@ _FORWARDED = ("PYTHONPATH",)
 _NOT_FORWARDED = ("PROJECT_LEGACY_LAUNCH",)
 
 
-def submits_to_ray(plan: Plan | None) -> bool:
-    """Whether this process is the Ray driver: the plan runs on Ray and Ray did not start this process."""
-    return plan is not None and plan.launcher == RAY and detect_environment().launcher != RAY
+def submitter(launcher: str) -> Callable[..., None] | None:
+    """:func:`run_on_ray` for ``parallel.launcher: ray``, asked by the core where Ray did not start this process."""
+    return run_on_ray if launcher == RAY else None
 
 
 def _import_ray() -> Any:

@@ -1,7 +1,7 @@
 """Steps/s with ``parallel.micro_batch: auto`` against every fixed micro-batch of the same global batch.
 
-    python -m bench.micro_batch                  # prints a table; --out FILE writes it too
-    python -m bench.micro_batch --processes 2    # the same on 2 CPU processes
+    python -m bench.extras.microbatch.micro_batch                # prints a table; --out FILE writes it too
+    python -m bench.extras.microbatch.micro_batch --processes 2  # the same on 2 CPU processes
 
 Each row is one ``python -m project fit`` of the digits classifier (a wider network, no BatchNorm or dropout: the
 result does not depend on the micro-batch) with the global batch fixed: the fixed sizes are the ones ``auto`` would
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bench.commands import REPO, environment
-from project.plan.micro_batch import micro_batch_candidates
+from project.extras.microbatch.plan import micro_batch_candidates
 
 NETWORK = [
     "--model.init_args.net.init_args.hidden", "1024",
@@ -54,7 +54,7 @@ def fit(micro: str, processes: int, global_batch: int, steps: int, folder: Path)
     )
     wall = time.perf_counter() - start
     if done.returncode != 0:
-        raise SystemExit(f"bench.micro_batch: micro_batch={micro} failed:\n{done.stderr[-2000:]}")
+        raise SystemExit(f"bench.extras.microbatch.micro_batch: micro_batch={micro} failed:\n{done.stderr[-2000:]}")
     (plan_file,) = cwd.glob("logs/**/plan.json")
     plan = json.loads(plan_file.read_text())
     # The timer ticks per loader batch: a micro-batch, except under auto, whose loader hands whole steps.
@@ -64,7 +64,9 @@ def fit(micro: str, processes: int, global_batch: int, steps: int, folder: Path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.micro_batch", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.extras.microbatch.micro_batch", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--global-batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=120)

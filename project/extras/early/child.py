@@ -1,4 +1,4 @@
-"""In a rank that :mod:`project.launch.early` forked: stay quiet about a mistake rank 0 reports too.
+"""In a rank that :mod:`.fork` forked: stay quiet about a mistake rank 0 reports too.
 
 Before the ranks meet (no process group yet) every rank parses the same command line and builds the same
 objects, so a mistake in them stops every rank at the same point. Rank 0 says it in one line and stops the
