@@ -35,6 +35,17 @@ class Layer:
             after the template's own callbacks.
         on_trainer: ``hook(trainer, config, chosen, row)`` run on the built Trainer (e.g. a logger beside it).
         requires: Other layers this one imports (``make strip`` removes it with any of them).
+        scenarios: ``() -> dict[str, Scenario]``: rows of the scenario table (:mod:`project.plan.scenarios`).
+        strategies: ``() -> dict[str, StrategyRow]``: rows of the strategy table (:mod:`project.plan.strategies`).
+        parallel: ``() -> dict[str, type]``: subsections of the ``parallel`` section (dataclasses, by field name).
+        degrees: ``(config, scenario, world_size, num_nodes) -> dict[str, int]``: the layout's degrees a layer's
+            subsection decides (``tp``, ``pp``; ``dp_replicate`` of a sharded scenario), checked.
+        plan_notes: ``(config, layout, strategy, start_method) -> list[str]``: the plan's notes on a layer's
+            subsection (refusing what the layout cannot do).
+        plan_report: ``(cli, plan, data) -> (dict, list)``: ``plan``'s own parts: keys added to ``data`` (its
+            ``strategy`` entry too) and the JSON's extra top-level keys, and what the table prints after it.
+        checkpoint_formats: A class whose instances read and write a checkpoint that is not one file
+            (:class:`project.checkpoints.formats.CheckpointFormat`).
     """
 
     name: str
@@ -44,11 +55,21 @@ class Layer:
     callbacks: tuple[str, ...] = ()
     on_trainer: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
+    scenarios: tuple[str, ...] = ()
+    strategies: tuple[str, ...] = ()
+    parallel: tuple[str, ...] = ()
+    degrees: tuple[str, ...] = ()
+    plan_notes: tuple[str, ...] = ()
+    plan_report: tuple[str, ...] = ()
+    checkpoint_formats: tuple[str, ...] = ()
 
 
 @cache
 def installed() -> tuple[Layer, ...]:
     """The layers present in this checkout, by folder name (a folder without ``layer.py`` is not a layer)."""
+    # Each layer.py imports project.commands, whose table calls this function at its end: that module goes first
+    # (its own call reads every layer.py), so no table below it (scenarios, strategies) meets a half-read layer.py.
+    importlib.import_module(f"{__package__}.commands")
     found = []
     for folder in sorted(EXTRAS.iterdir()) if EXTRAS.is_dir() else ():
         if (folder / "layer.py").is_file():
@@ -66,3 +87,11 @@ def hook(path: str) -> Callable[..., Any]:
 def hooks(kind: str) -> list[Callable[..., Any]]:
     """Every installed layer's hooks of one kind (``sections``, ``callbacks``, ``on_trainer``), in layer order."""
     return [hook(path) for layer in installed() for path in getattr(layer, kind)]
+
+
+def rows(kind: str) -> dict[str, Any]:
+    """Every installed layer's rows of one table (``scenarios``, ``strategies``, ``parallel``), in layer order."""
+    merged: dict[str, Any] = {}
+    for contribute in hooks(kind):
+        merged.update(contribute())
+    return merged

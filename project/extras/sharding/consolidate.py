@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from project.checkpoints.atomic import atomic_torch_save
-from project.checkpoints.sharded import is_sharded_checkpoint
-from project.checkpoints.sharded.merge import load_full_checkpoint
 from project.errors import UserError
+from project.extras.sharding.checkpoints import is_sharded_checkpoint
+from project.extras.sharding.checkpoints.merge import load_full_checkpoint
 from project.storage.location import is_url
 from project.storage.pull import checkpoint_at
 

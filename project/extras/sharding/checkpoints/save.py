@@ -3,7 +3,7 @@
 Every rank writes into a hidden ``.last.ckpt.<token>.tmp/`` folder; when all have finished (DCP writes
 ``.metadata`` only then) rank 0 adds ``meta.pt``, syncs, and swaps the folder onto its name in one
 ``renameat2(RENAME_EXCHANGE)``. A kill at any point before it leaves the previous checkpoint under the name and
-a hidden folder that nothing resumes from (:func:`remove_partial`).
+a hidden folder that nothing resumes from (:func:`project.checkpoints.formats.recover` deletes it).
 
 Where the file system lacks the exchange (NFS, Lustre) the swap takes renames, each atomic, recoverable from any
 point (:func:`swap_by_renames`): the complete folder is first renamed ``.last.ckpt.<token>.new`` (the commit:
@@ -13,7 +13,7 @@ and the old one removed. A kill in between leaves the newest complete checkpoint
 completes the swap; an ``.old`` is never left behind.
 
 :func:`save_sharded` does all of it before returning (``parallel.fsdp.async_save: false``);
-:mod:`project.checkpoints.sharded.asynchronous` runs the same steps in the background; in object storage, too.
+:mod:`project.extras.sharding.checkpoints.asynchronous` runs the same steps in the background; in object storage, too.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import io
 import os
-import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +30,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
 
-from project.checkpoints.sharded import LIGHTNING_META, OPTIMIZER, WEIGHTS
+from project.checkpoints.formats import remove_path
+from project.extras.sharding.checkpoints import LIGHTNING_META, OPTIMIZER, WEIGHTS
 from project.storage import shards as store_shards
 
 
@@ -56,14 +56,6 @@ def _exchange(first: Path, second: Path) -> bool:
     renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     done = renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE)
     return done == 0
-
-
-def remove_path(path: Path) -> None:
-    """Delete a checkpoint file or folder (what is already gone is no error)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def replace(source: Path, target: Path) -> None:
@@ -140,15 +132,13 @@ def final_name(path: Path) -> Path:
     return swap_names(path)[2] if path.name.startswith(".") else path
 
 
-def checkpoints_in(folder: Path) -> list[Path]:
-    """Every checkpoint name's newest complete checkpoint in ``folder`` (:func:`committed`), hidden ones never else.
+def hidden_checkpoints(folder: Path) -> dict[Path, Path]:
+    """The checkpoint names of ``folder`` a swap by renames left a hidden ``.new``/``.old`` of: their newest copy.
 
-    Hidden files and folders are the temporary halves of atomic writes, except where a kill during a swap by
-    renames left a name's newest complete checkpoint under a hidden name.
+    Where each name's newest complete checkpoint is (:func:`committed`), for the core's ``--resume auto``.
     """
-    names = {f for f in folder.glob("*.ckpt") if not f.name.startswith(".")}
-    names |= {swap_names(p)[2] for p in (*_hidden(folder, _COMMITTED), *_hidden(folder, _OLD))}
-    return [found for name in names if (found := committed(name)) is not None]
+    names = {swap_names(p)[2] for p in (*_hidden(folder, _COMMITTED), *_hidden(folder, _OLD))}
+    return {name: found for name in names if (found := committed(name)) is not None}
 
 
 def recover_swaps(folder: Path) -> None:
@@ -242,9 +232,3 @@ def write_file_over(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
         replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
-
-
-def remove_partial(folder: Path) -> None:
-    """Delete the hidden, incomplete checkpoints (files and folders) a killed save left in ``folder``."""
-    for partial in folder.glob(".*.tmp"):
-        remove_path(partial)

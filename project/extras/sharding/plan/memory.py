@@ -29,8 +29,8 @@ from typing import Any
 
 from torch import nn
 
+from project.extras.sharding.plan.optimizer_count import OptimizerCount, count_optimizer, tensor_bytes
 from project.plan.layout import Layout
-from project.plan.optimizer_count import OptimizerCount, count_optimizer, tensor_bytes
 
 NOT_COUNTED = (
     "activations (they grow with the per-device batch and often dominate), autocast's half-precision copies, "

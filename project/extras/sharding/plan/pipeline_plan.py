@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 
 from project.errors import UserError
-from project.plan.memory import human
+from project.extras.sharding.plan.memory import human
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential)
 #: The attribute names searched, in order, for the network a LightningModule's pipeline cuts.

@@ -2,7 +2,7 @@
 
 How one process (or DDP) resumes a sharded checkpoint, what ``python -m project consolidate`` writes, and where an
 export reads a sharded run's weights. DCP reads every shard of every tensor through the safe reader of
-:mod:`project.checkpoints.sharded`.
+:mod:`project.extras.sharding.checkpoints`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import torch
 # dcp_to_torch_save's loader: the public way to read a DCP folder into one process without process group
 # (torch has no public name for it).
 from project.checkpoints.loading import load_lightning_checkpoint, safe_load
-from project.checkpoints.sharded import (
+from project.errors import UserError
+from project.extras.sharding.checkpoints import (
     DCP_METADATA,
     LIGHTNING_META,
     OPTIMIZER,
@@ -26,8 +27,7 @@ from project.checkpoints.sharded import (
     is_sharded_checkpoint,
     read_metadata,
 )
-from project.checkpoints.sharded.errors import LOAD_ERRORS, unsafe_error
-from project.errors import UserError
+from project.extras.sharding.checkpoints.errors import LOAD_ERRORS, unsafe_error
 from project.lightning_private import load_without_process_group
 
 

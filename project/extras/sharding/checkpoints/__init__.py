@@ -8,18 +8,18 @@ of each tensor lies) and Lightning's ``meta.pt`` (everything else: loops, callba
   writes ``.metadata`` only then) rank 0 adds ``meta.pt``, syncs, and swaps the folder onto its name in one
   ``renameat2(RENAME_EXCHANGE)`` (renames recoverable from any step where the file system lacks it). A kill at
   any point leaves the previous checkpoint under the name, or the new one committed beside it, or a hidden
-  folder that nothing resumes from (:mod:`project.checkpoints.sharded.save`).
+  folder that nothing resumes from (:mod:`project.extras.sharding.checkpoints.save`).
 - **Read safely.** DCP reads ``.metadata`` with plain pickle and small objects with ``weights_only=False``;
   here both go through the project's policy: only DCP's metadata classes and weights-only objects load,
   unless ``PROJECT_ALLOW_PICKLE=1`` (this module).
-- **Any world size.** DCP reshards on load (2 -> 4 processes; :mod:`project.checkpoints.sharded.load`), and
-  :func:`~project.checkpoints.sharded.merge.load_full_checkpoint` merges the shards into an ordinary Lightning
+- **Any world size.** DCP reshards on load (2 -> 4 processes; :mod:`project.extras.sharding.checkpoints.load`), and
+  :func:`~project.extras.sharding.checkpoints.merge.load_full_checkpoint` merges the shards into an ordinary Lightning
   checkpoint in one process, which is how one process (or DDP) resumes a sharded checkpoint and what
   ``python -m project consolidate`` writes.
 - **Exact.** A parameter that never got a gradient (a head ``forward`` does not use) has no optimizer state in
   the checkpoint and none after loading it, as in the run that wrote it. A load is "incomplete or corrupt" only
   when reading fails; a key or shape of the model or optimizer that the checkpoint lacks "does not fit"
-  (:mod:`project.checkpoints.sharded.errors`).
+  (:mod:`project.extras.sharding.checkpoints.errors`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from project import lightning_private
 # dcp_to_torch_save's planner: the public way to read a DCP folder into one process without process group,
 # minus its unrestricted unpickling (torch has no public name for it).
 from project.checkpoints.loading import ALLOW_PICKLE_ENV, load_lightning_checkpoint, pickle_allowed, safe_load
-from project.checkpoints.sharded.errors import unsafe_error
 from project.errors import UserError
+from project.extras.sharding.checkpoints.errors import unsafe_error
 
 #: DCP's index of the shards (written last, by rank 0, once every rank has written its shards).
 DCP_METADATA = ".metadata"

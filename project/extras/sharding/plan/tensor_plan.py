@@ -1,6 +1,6 @@
 """``parallel.tensor_parallel.plan`` resolved against the built model: which module is split how, or why not.
 
-Pure (no process group): the ranks apply the result (:mod:`project.parallel.tensor_parallel`), ``plan`` shows it
+Pure (no process group): the ranks apply the result (:mod:`project.extras.sharding.tensor_parallel`), ``plan`` shows it
 and counts what it divides. Styles, in Megatron's terms: ``colwise`` splits a Linear's output features (each rank
 computes its slice), ``rowwise`` its input features (each rank a partial sum, all-reduced). A ``colwise`` Linear
 feeds a ``rowwise`` one, with only element-wise modules between: one all-reduce per pair in the forward, one in the

@@ -1,9 +1,10 @@
 """How the fsdp strategy saves and loads: atomic sharded folders, written in the background unless told not to.
 
-A mixin of :class:`~project.parallel.fsdp.strategy.FullyShardStrategy`: every rank writes its shards into a hidden
-folder and rank 0 moves it onto the name once complete (:mod:`project.checkpoints.sharded.save`), in the background
-with ``parallel.fsdp.async_save`` (:mod:`project.checkpoints.sharded.asynchronous`); a load reshards onto this world
-size, or shards a plain file here (:mod:`project.checkpoints.sharded.load`), both under the project's pickle policy.
+A mixin of :class:`~project.extras.sharding.fsdp.strategy.FullyShardStrategy`: every rank writes its shards into a
+hidden folder and rank 0 moves it onto the name once complete (:mod:`project.extras.sharding.checkpoints.save`), in
+the background with ``parallel.fsdp.async_save`` (:mod:`project.extras.sharding.checkpoints.asynchronous`); a load
+reshards onto this world size, or shards a plain file here (:mod:`project.extras.sharding.checkpoints.load`), both
+under the project's pickle policy.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 from project.checkpoints import pending
-from project.checkpoints.sharded import is_sharded_checkpoint
-from project.checkpoints.sharded.asynchronous import AsyncShardedWriter
-from project.checkpoints.sharded.load import load_full_into, load_sharded_into
-from project.checkpoints.sharded.save import save_sharded
+from project.extras.sharding.checkpoints import is_sharded_checkpoint
+from project.extras.sharding.checkpoints.asynchronous import AsyncShardedWriter
+from project.extras.sharding.checkpoints.load import load_full_into, load_sharded_into
+from project.extras.sharding.checkpoints.save import save_sharded
 
 
 class ShardedCheckpoints(ModelParallelStrategy):

@@ -18,9 +18,16 @@ from torch import nn
 from torch.distributed.checkpoint import CheckpointException
 
 from project.checkpoints.loading import safe_load
-from project.checkpoints.sharded import LIGHTNING_META, OPTIMIZER, WEIGHTS, SafeLoadPlanner, SafeReader, read_metadata
-from project.checkpoints.sharded.errors import LOAD_ERRORS, causes, misfit_error, unsafe_error
 from project.errors import UserError
+from project.extras.sharding.checkpoints import (
+    LIGHTNING_META,
+    OPTIMIZER,
+    WEIGHTS,
+    SafeLoadPlanner,
+    SafeReader,
+    read_metadata,
+)
+from project.extras.sharding.checkpoints.errors import LOAD_ERRORS, causes, misfit_error, unsafe_error
 
 #: The DCP step whose failure means the state to load does not fit the checkpoint (a key or a shape it lacks).
 _PLAN_STEP = "plan"

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from project.parallel.pipeline.schedule import Pipeline
+from project.extras.sharding.pipeline.schedule import Pipeline
 
 
 def _to_cpu(value: Any) -> Any:

@@ -1,8 +1,8 @@
 """Tensor parallelism applied to any LightningModule from the plan (``parallel.tensor_parallel``), inside a rank.
 
-The styles come from :func:`project.plan.tensor_plan.resolve_tensor_plan` (pure, checked before the first step);
-here they become ``torch.distributed.tensor.parallel`` styles on the tensor-parallel dimension of the strategy's
-device mesh. A module that brings a ``parallelize(mesh)`` method is handed the mesh instead. Under
+The styles come from :func:`project.extras.sharding.plan.tensor_plan.resolve_tensor_plan` (pure, checked before
+the first step); here they become ``torch.distributed.tensor.parallel`` styles on the tensor-parallel dimension of
+the strategy's device mesh. A module that brings a ``parallelize(mesh)`` method is handed the mesh instead. Under
 ``scenario: fsdp`` the strategy then applies ``fully_shard`` per unit and to the root over the data-parallel
 dimension (2-D; ``fully_shard`` on the root alone after TP fails on mixed meshes).
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from project.plan.tensor_plan import HOOK
+from project.extras.sharding.plan.tensor_plan import HOOK
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -1,8 +1,8 @@
 """Sharding a LightningModule's networks in place with ``fully_shard``, and the collectives around sharded tensors.
 
-The networks are sharded bottom-up (each unit of :mod:`project.parallel.fsdp.units`, then each network) after
-every rank took rank 0's weights, as DDP does when it wraps; :func:`sharded_finite` gives every rank the same
-verdict on tensors each rank holds a shard of.
+The networks are sharded bottom-up (each unit of :mod:`project.extras.sharding.fsdp.units`, then each network) after
+every rank took rank 0's weights, as DDP does when it wraps (the verdict on sharded tensors being finite is the
+core's: :func:`project.callbacks.finite.sharded_finite`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from project.parallel.collectives import in_process_group, process_group_size
-from project.parallel.fsdp.units import has_parameters, sharded_roots
-from project.plan.strategies import RESHARD_AFTER_FORWARD
+from project.extras.sharding.fsdp.units import has_parameters, sharded_roots
+from project.extras.sharding.plan.strategy_args import RESHARD_AFTER_FORWARD
+from project.parallel.collectives import process_group_size
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -104,19 +104,3 @@ def broadcast_from_rank0(module: nn.Module, device: torch.device) -> None:
                 staged = tensor.detach().to(device)
                 dist.broadcast(staged, src=0)
                 tensor.copy_(staged)
-
-
-def sharded_finite(tensors: list[torch.Tensor]) -> bool:
-    """Whether sharded (FSDP) tensors (gradients, parameters) are finite on every rank.
-
-    Each rank holds its shard, so a nan may sit in one rank's shard only: each rank checks its own and the
-    verdicts are all-reduced (one one-element collective), so all ranks agree.
-    """
-    from torch.distributed.tensor import DTensor
-
-    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
-    norm = torch.nn.utils.get_total_norm(local, norm_type=2.0, foreach=True)
-    bad = (~torch.isfinite(norm)).float().reshape(1)
-    if in_process_group():
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    return not bool(bad.item())

@@ -12,7 +12,7 @@ from typing import Any
 from torch import nn
 
 from project.errors import UserError
-from project.plan.pipeline_plan import StagePlan, pipeline_units, shared_across_stages
+from project.extras.sharding.plan.pipeline_plan import StagePlan, pipeline_units, shared_across_stages
 
 
 def cut_stage(net: nn.Module, plan: Sequence[StagePlan], index: int) -> None:

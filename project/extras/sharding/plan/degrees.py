@@ -94,6 +94,15 @@ def pipeline_degree(config: ParallelConfig, scenario: str, world_size: int) -> i
     return pp
 
 
-def pipeline_microbatches(config: ParallelConfig, pp: int) -> int:
-    """The micro-batches each process's batch is cut into for the pipeline (``None``: one per stage)."""
-    return config.pipeline_parallel.microbatches or pp if pp > 1 else 1
+def degrees(config: ParallelConfig, scenario: str, world_size: int, num_nodes: int) -> dict[str, int]:
+    """The layer's ``degrees`` hook: tensor and pipeline degrees, and a hybrid-sharded layout's replicas.
+
+    ``fsdp.sharding: hybrid`` shards within a node and replicates across the nodes.
+
+    Raises:
+        UserError: as :func:`tensor_degree` and :func:`pipeline_degree`.
+    """
+    found = {"tp": tensor_degree(config, scenario, world_size), "pp": pipeline_degree(config, scenario, world_size)}
+    if SCENARIOS[scenario].data_parallel == "shard" and config.fsdp.sharding == "hybrid":
+        found["dp_replicate"] = num_nodes
+    return found

@@ -1,14 +1,15 @@
 """``PipelineStrategy``: the network cut into stages, Lightning's training step a pipelining schedule.
 
 Each stage runs on one rank of each pipeline; its replicas over its data-parallel group average their gradients
-after the schedule (one all-reduce, as DDP's mean: :func:`~project.parallel.pipeline.schedule.average_gradients`).
+after the schedule (one all-reduce, as DDP's mean:
+:func:`~project.extras.sharding.pipeline.schedule.average_gradients`).
 
 Lightning's loop keeps its shape: ``training_step`` is the schedule (forward and backward of every micro-batch; the
 module's own ``training_step`` is not called), ``backward`` does nothing (the schedule did it), the optimizer step,
 schedulers, callbacks and checkpoints are Lightning's. Evaluation runs the module's own ``validation_step`` /
 ``test_step`` / ``predict_step`` with its network replaced, for the step, by a forward through the stages
-(:class:`~project.parallel.pipeline.schedule.PipelineForward`). The mesh is the layout's: pipeline stages outermost,
-then data-parallel replicas (docs/parallel.md, "Pipeline parallelism").
+(:class:`~project.extras.sharding.pipeline.schedule.PipelineForward`). The mesh is the layout's: pipeline stages
+outermost, then data-parallel replicas (docs/extras/sharding.md, "Pipeline parallelism").
 """
 
 from __future__ import annotations
@@ -24,25 +25,25 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 from project.errors import UserError
-from project.parallel.fsdp.sharding import broadcast_from_rank0
-from project.parallel.pipeline.checkpoint import (
+from project.extras.sharding.fsdp.sharding import broadcast_from_rank0
+from project.extras.sharding.pipeline.checkpoint import (
     gather_over,
     group_names,
     stage_optimizer_state,
     whole_optimizer_state,
     whole_state_dict,
 )
-from project.parallel.pipeline.contract import check_contract, refuse_loop_features, split_batch
-from project.parallel.pipeline.schedule import (
+from project.extras.sharding.pipeline.contract import check_contract, refuse_loop_features, split_batch
+from project.extras.sharding.pipeline.schedule import (
     Pipeline,
     PipelineForward,
     average_gradients,
     make_schedule,
     train_step,
 )
-from project.parallel.pipeline.split import cut_stage, keep_stage_parameters
+from project.extras.sharding.pipeline.split import cut_stage, keep_stage_parameters
+from project.extras.sharding.plan.pipeline_plan import StagePlan, plan_stages
 from project.plan.layout import Layout
-from project.plan.pipeline_plan import StagePlan, plan_stages
 
 if TYPE_CHECKING:
     import lightning as L

@@ -18,7 +18,7 @@ from typing import Any
 from torch import Tensor
 
 from project.errors import UserError
-from project.plan.pipeline_plan import network_of, plan_stages
+from project.extras.sharding.plan.pipeline_plan import network_of, plan_stages
 
 
 def check_contract(module: Any, stages: int) -> str:

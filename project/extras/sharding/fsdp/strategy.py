@@ -4,13 +4,14 @@ The strategy is Lightning's FSDP2-based :class:`~lightning.pytorch.strategies.Mo
 mesh, launcher, process group), except that the module need not write ``configure_model``: the strategy applies
 ``torch.distributed.fsdp.fully_shard`` itself, from the plan, and points the optimizers LightningCLI built
 before sharding at the sharded parameters. Its checkpoints are atomic sharded folders read under the project's
-pickle policy (:mod:`project.checkpoints.sharded`), written in the background unless ``parallel.fsdp.async_save`` is
-false (:mod:`project.checkpoints.sharded.asynchronous`); every rank starts from rank 0's weights, as under DDP;
+pickle policy (:mod:`project.extras.sharding.checkpoints`), written in the background unless
+``parallel.fsdp.async_save`` is false (:mod:`project.extras.sharding.checkpoints.asynchronous`); every rank starts
+from rank 0's weights, as under DDP;
 gradient accumulation reduces on the last micro-batch only; an evaluation whose exactly-once shards give the
 ranks different numbers of batches runs on parameters gathered once (FSDP's per-forward gathers would hang).
-What is sharded, and which modules are units, is :mod:`project.parallel.fsdp.units`; applying it,
-:mod:`project.parallel.fsdp.sharding`; the evaluation on uneven shards, :mod:`project.parallel.fsdp.evaluation`;
-saving and loading, :mod:`project.parallel.fsdp.checkpoints`.
+What is sharded, and which modules are units, is :mod:`project.extras.sharding.fsdp.units`; applying it,
+:mod:`project.extras.sharding.fsdp.sharding`; the evaluation on uneven shards,
+:mod:`project.extras.sharding.fsdp.evaluation`; saving and loading, :mod:`project.extras.sharding.fsdp.checkpoints`.
 
 Sharding, in the words of FSDP1 / DeepSpeed:
 
@@ -35,21 +36,21 @@ from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
-from project.checkpoints.sharded.asynchronous import AsyncShardedWriter
-from project.lightning_private import set_mesh_sizes, strategy_timeout
-from project.parallel.fsdp.checkpoints import ShardedCheckpoints
-from project.parallel.fsdp.evaluation import evaluation_batches, gather_if_uneven, reshard_after_evaluation
-from project.parallel.fsdp.sharding import (
+from project.extras.sharding.checkpoints.asynchronous import AsyncShardedWriter
+from project.extras.sharding.fsdp.checkpoints import ShardedCheckpoints
+from project.extras.sharding.fsdp.evaluation import evaluation_batches, gather_if_uneven, reshard_after_evaluation
+from project.extras.sharding.fsdp.sharding import (
     broadcast_from_rank0,
     fsdp_modules,
     is_sharded,
     point_optimizers_at,
     shard_module,
 )
-from project.parallel.fsdp.units import resolve_wrap_classes
-from project.parallel.tensor_parallel import apply_tensor_parallel
+from project.extras.sharding.fsdp.units import resolve_wrap_classes
+from project.extras.sharding.plan.tensor_plan import resolve_tensor_plan
+from project.extras.sharding.tensor_parallel import apply_tensor_parallel
+from project.lightning_private import set_mesh_sizes, strategy_timeout
 from project.plan.layout import Layout
-from project.plan.tensor_plan import resolve_tensor_plan
 
 if TYPE_CHECKING:
     import lightning as L
@@ -170,7 +171,7 @@ class FullyShardStrategy(ShardedCheckpoints, ModelParallelStrategy):
             for unit in units:
                 unit.set_requires_gradient_sync(True, recurse=False)
 
-    # Evaluation on shards of uneven length: parameters gathered once (project.parallel.fsdp.evaluation).
+    # Evaluation on shards of uneven length: parameters gathered once (project.extras.sharding.fsdp.evaluation).
 
     def _gather_if_uneven(self) -> None:
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None

@@ -1,6 +1,6 @@
 """Sharded checkpoints written in the background: a save costs the training a copy of its shards, not the disk.
 
-:class:`AsyncShardedWriter` writes what :func:`~project.checkpoints.sharded.save.save_sharded` writes (every
+:class:`AsyncShardedWriter` writes what :func:`~project.extras.sharding.checkpoints.save.save_sharded` writes (every
 rank's shards into a hidden folder, rank 0's ``meta.pt``, one swap onto the name), off the training thread, under
 the rules of :class:`~project.checkpoints.background.BackgroundCheckpointIO`:
 
@@ -41,9 +41,9 @@ import torch.distributed as dist
 # Called through the module: tests replace its steps (tests/fsdp_faults.py, test_async_sharded_save.py) to fault.
 from project.checkpoints import pending
 from project.checkpoints.background import CheckpointWriteError, first_failure
-from project.checkpoints.sharded import LIGHTNING_META
-from project.checkpoints.sharded import save as sharded_save
 from project.errors import Preempted, first_line
+from project.extras.sharding.checkpoints import LIGHTNING_META
+from project.extras.sharding.checkpoints import save as sharded_save
 from project.storage import shards as store_shards
 from project.storage.run import withdraw
 

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from project.parallel.fsdp.sharding import fsdp_modules
-from project.plan.strategies import RESHARD_AFTER_FORWARD
+from project.extras.sharding.fsdp.sharding import fsdp_modules
+from project.extras.sharding.plan.strategy_args import RESHARD_AFTER_FORWARD
 
 if TYPE_CHECKING:
     import lightning as L
