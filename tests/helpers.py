@@ -36,6 +36,11 @@ FAST = str(REPO / "tests" / "configs" / "fast.yaml")
 T = TypeVar("T")
 
 
+def has_layer(name: str) -> bool:
+    """Whether the layer ``name`` is in this checkout (``make strip`` removes its folder): a core test's case skips."""
+    return (REPO / "project" / "extras" / name / "layer.py").is_file()
+
+
 def free_port() -> int:
     """A free TCP port on localhost (for MASTER_PORT / rendezvous endpoints)."""
     with socket.socket() as sock:
@@ -52,7 +57,9 @@ def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     # mlflow.set_tracking_uri (Lightning's MLFlowLogger calls it) exports the URI into this process's environment:
     # a tracking test run in-process here must not send every later CLI run's tracking to its store.
     env.pop("MLFLOW_TRACKING_URI", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO), env.get("PYTHONPATH", "")])
+    # The layers' test folders too (their fault callbacks and models are named by class path in a run's arguments).
+    layers = [str(folder) for folder in sorted((REPO / "tests" / "extras").glob("*")) if folder.is_dir()]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), *layers, str(REPO), env.get("PYTHONPATH", "")])
     env.setdefault("PYTHONWARNINGS", "ignore")
     env.update(extra or {})
     return env

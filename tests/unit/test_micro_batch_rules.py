@@ -72,8 +72,6 @@ def test_a_number_is_the_per_device_batch():
         ({"micro_batch": 16, "per_device_batch_size": 32}, "two names of one setting"),
         ({"micro_batch": 0}, "must be 'auto' or a number of samples >= 1"),
         ({"micro_batch": "max"}, "must be 'auto' or a number"),
-        ({"micro_batch": "auto", "scenario": "fsdp", "devices": 2}, "scenario 'fsdp' shards across processes"),
-        ({"micro_batch": "auto", "scenario": "zero1", "devices": 2}, "scenario 'zero1' shards across processes"),
         ({"micro_batch": 12, "global_batch_size": 128, "scenario": "cpu", "devices": 2}, "does not divide"),
         ({"micro_batch": "auto", "precision": "16-mixed"}, "the float16 loss scaler is not applied"),
     ],

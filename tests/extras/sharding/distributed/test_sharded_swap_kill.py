@@ -19,7 +19,7 @@ CHILD = """
 import os, signal, sys
 from pathlib import Path
 from sharded_swap import write
-from project.checkpoints.sharded import save as sharded_save
+from project.extras.sharding.checkpoints import save as sharded_save
 
 last = Path({last!r})
 write(last, step=1)

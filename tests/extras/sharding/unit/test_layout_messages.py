@@ -15,7 +15,7 @@ from torch import nn
 from project.callbacks.model_checks import refuse_manual_accumulation
 from project.callbacks.resume_position import check_resumable
 from project.errors import UserError
-from project.plan.config import PipelineParallel, TensorParallel
+from project.extras.sharding.plan.config import PipelineParallel, TensorParallel
 from project.plan.environment import LaunchEnvironment
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import lightning as L
 
-from project.checkpoints.sharded import save as sharded_save
+from project.extras.sharding.checkpoints import save as sharded_save
 from project.models.classifier import Classifier
 
 from helpers import descendants

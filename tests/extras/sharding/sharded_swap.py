@@ -10,9 +10,9 @@ from jsonargparse import Namespace
 from torch import nn
 
 from project.checkpoints.resume import choose_checkpoint, remove_partial_writes
-from project.checkpoints.sharded import is_sharded_checkpoint
-from project.checkpoints.sharded import save as sharded_save
-from project.checkpoints.sharded.merge import load_full_checkpoint
+from project.extras.sharding.checkpoints import is_sharded_checkpoint
+from project.extras.sharding.checkpoints import save as sharded_save
+from project.extras.sharding.checkpoints.merge import load_full_checkpoint
 
 
 def weights_of(step: int) -> dict[str, torch.Tensor]:

@@ -14,11 +14,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.errors import UserError
-from project.parallel.fsdp.strategy import build as build_fsdp
+from project.extras.sharding.fsdp.strategy import build as build_fsdp
+from project.extras.sharding.plan.memory import estimate
 from project.parallel.samplers import GlobalBatchSampler
 from project.plan.environment import LaunchEnvironment
 from project.plan.layout import Layout
-from project.plan.memory import estimate
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 from project.run_state import RunState
 

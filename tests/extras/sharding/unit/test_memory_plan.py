@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from project.extras.sharding.plan.memory import ModelCount, human, per_device, shard_degree
+from project.extras.sharding.plan.optimizer_count import OptimizerCount, count_optimizer
 from project.models.classifier import Classifier
 from project.models.digits_net import DigitsNet
-from project.plan.memory import ModelCount, human, per_device, shard_degree
-from project.plan.optimizer_count import OptimizerCount, count_optimizer
 
 ADAMW = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.003, "weight_decay": 0.0001}}
 

@@ -10,13 +10,13 @@ import torch
 from rich.console import Console
 
 from project.errors import UserError
+from project.extras.sharding.plan.memory import estimate
+from project.extras.sharding.plan.report import memory_table
+from project.extras.sharding.zero1 import ZeroOneStrategy, _constructor_defaults, shard_optimizer_state
 from project.models.digits_net import DigitsNet
 from project.parallel.strategies import row_of, trainer_kwargs
-from project.parallel.zero1 import ZeroOneStrategy, _constructor_defaults, shard_optimizer_state
 from project.plan.environment import LaunchEnvironment
-from project.plan.memory import estimate
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
-from project.plan_command import memory_table
 
 LOCAL = LaunchEnvironment(launcher="lightning", external=False)
 ADAMW = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.003, "weight_decay": 0.0001}}

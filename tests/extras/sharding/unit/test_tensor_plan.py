@@ -8,12 +8,12 @@ import torch
 from torch import nn
 
 from project.errors import UserError
-from project.plan.config import TensorParallel
+from project.extras.sharding.plan.config import TensorParallel
+from project.extras.sharding.plan.memory import estimate
+from project.extras.sharding.plan.tensor_plan import HOOK, resolve_tensor_plan, split_parameter_names
 from project.plan.environment import LaunchEnvironment
 from project.plan.layout import Layout
-from project.plan.memory import estimate
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
-from project.plan.tensor_plan import HOOK, resolve_tensor_plan, split_parameter_names
 
 LOCAL = LaunchEnvironment(launcher="lightning", external=False)
 

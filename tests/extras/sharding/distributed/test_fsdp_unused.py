@@ -16,15 +16,15 @@ import torch
 from torch import nn
 
 from project.checkpoints import sharded
-from project.checkpoints.sharded import load as sharded_load
-from project.checkpoints.sharded import merge as sharded_merge
-from project.checkpoints.sharded import save as sharded_save
 from project.errors import UserError
+from project.extras.sharding.checkpoints import load as sharded_load
+from project.extras.sharding.checkpoints import merge as sharded_merge
+from project.extras.sharding.checkpoints import save as sharded_save
 from project.extras.sharding.consolidate import consolidate
 
 from helpers import CONFIGS, DIGITS, FAST, read_scalars, run_cli, run_dirs, two_at_a_time
 
-CPU_FSDP = str(CONFIGS / "parallel" / "cpu_fsdp.yaml")
+CPU_FSDP = str(CONFIGS / "sharding" / "cpu_fsdp.yaml")
 UNUSED_HEAD = ["--model.class_path", "user_code.UnusedHeadClassifier", "--trainer.limit_train_batches", "4"]
 
 

@@ -29,13 +29,13 @@ from torch import nn
 
 from project.checkpoints import sharded
 from project.checkpoints.resume import RunName, choose_checkpoint, find_resume_checkpoint, remove_partial_writes
-from project.checkpoints.sharded import merge as sharded_merge
-from project.checkpoints.sharded import save as sharded_save
 from project.errors import UserError
+from project.extras.sharding.checkpoints import merge as sharded_merge
+from project.extras.sharding.checkpoints import save as sharded_save
 from project.extras.sharding.consolidate import consolidate
+from project.extras.sharding.fsdp.units import default_wrap_classes, plan_units, resolve_wrap_classes, sharded_roots
 from project.models.classifier import Classifier
 from project.models.digits_net import DigitsNet
-from project.parallel.fsdp.units import default_wrap_classes, plan_units, resolve_wrap_classes, sharded_roots
 from project.plan.environment import LaunchEnvironment
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 
@@ -54,8 +54,8 @@ from helpers import (
     run_dirs,
 )
 
-CPU_FSDP = str(CONFIGS / "parallel" / "cpu_fsdp.yaml")
-GPU_FSDP = str(CONFIGS / "parallel" / "fsdp.yaml")
+CPU_FSDP = str(CONFIGS / "sharding" / "cpu_fsdp.yaml")
+GPU_FSDP = str(CONFIGS / "sharding" / "fsdp.yaml")
 LOCAL = LaunchEnvironment(launcher="lightning", external=False)
 VAL_FRACTION = "0.072"  # 1398 / 129 / 270 samples: 43 steps of 32, validation shards of 65 and 64
 COMMON = [

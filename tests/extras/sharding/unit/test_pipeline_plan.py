@@ -1,4 +1,4 @@
-"""Which units each pipeline stage holds (project.plan.pipeline_plan): pure, on the meta device."""
+"""Which units each pipeline stage holds (project.extras.sharding.plan.pipeline_plan): pure, on the meta device."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from torch import nn
 from user_pipeline import SequentialRegressor
 
 from project.errors import UserError
+from project.extras.sharding.plan.pipeline_plan import assign_stages, pipeline_units, plan_stages
 from project.models.gpt import GPT
-from project.plan.pipeline_plan import assign_stages, pipeline_units, plan_stages
 
 
 def gpt(n_layer: int = 4) -> GPT:

@@ -9,9 +9,9 @@ import json
 import torch
 from torch import nn
 
+from project.extras.sharding.plan.memory import ModelCount, estimate, human
+from project.extras.sharding.plan.optimizer_count import count_optimizer
 from project.plan.layout import Layout
-from project.plan.memory import ModelCount, estimate, human
-from project.plan.optimizer_count import count_optimizer
 
 SGD = {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.1, "momentum": 0.9}}
 

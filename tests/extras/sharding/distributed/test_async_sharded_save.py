@@ -32,9 +32,9 @@ import torch.distributed as dist
 from test_fsdp import COMMON, CPU_FSDP, assert_close_weights, said
 
 from project.checkpoints import sharded
-from project.checkpoints.sharded import merge as sharded_merge
-from project.checkpoints.sharded import save as sharded_save
-from project.checkpoints.sharded.asynchronous import AsyncShardedWriter, ShardedWriteError
+from project.extras.sharding.checkpoints import merge as sharded_merge
+from project.extras.sharding.checkpoints import save as sharded_save
+from project.extras.sharding.checkpoints.asynchronous import AsyncShardedWriter, ShardedWriteError
 
 from helpers import every_10_steps, read_plan, run_cli, run_dirs, two_at_a_time
 

@@ -21,7 +21,7 @@ from project.export import rebuild
 
 from helpers import CONFIGS, DIGITS, FAST, cli_env, read_plan, run_cli, two_at_a_time
 
-ZERO1 = str(CONFIGS / "parallel" / "zero1.yaml")
+ZERO1 = str(CONFIGS / "sharding" / "zero1.yaml")
 SAME_GLOBAL = [
     "--config", FAST, "--model.init_args.net.init_args.dropout", "0", "--model.init_args.net.init_args.batch_norm",
     "false", "--parallel.global_batch_size", "32", "--trainer.limit_val_batches", "1", "--test_after_fit", "false",

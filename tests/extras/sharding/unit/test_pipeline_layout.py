@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from project.errors import UserError
-from project.plan.config import PipelineParallel, TensorParallel
+from project.extras.sharding.plan.config import PipelineParallel, TensorParallel
 from project.plan.environment import LaunchEnvironment
 from project.plan.layout import Layout
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan

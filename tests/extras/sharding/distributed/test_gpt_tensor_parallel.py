@@ -17,7 +17,7 @@ import torch
 from helpers import CONFIGS, CPU_DDP, read_plan, read_scalars, run_cli, run_dirs, two_at_a_time
 
 CHARGPT = str(CONFIGS / "chargpt.yaml")
-FSDP = str(CONFIGS / "parallel" / "cpu_fsdp.yaml")
+FSDP = str(CONFIGS / "sharding" / "cpu_fsdp.yaml")
 NET = "--model.init_args.net.init_args."
 TINY = [
     "--config", CHARGPT,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sharded_swap import resume_and_check, write
 
-from project.checkpoints.sharded import save as sharded_save
+from project.extras.sharding.checkpoints import save as sharded_save
 
 
 class Killed(BaseException):
