@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import chargpt
+
+#: The sharding layer's ``layer.py``: its rows (tensor parallelism, FSDP x TP) run where it is installed.
+SHARDING = Path(__file__).resolve().parents[1] / "project" / "extras" / "sharding" / "layer.py"
 
 if TYPE_CHECKING:
     from bench.pipeline import Pipeline
@@ -260,7 +264,8 @@ def rows(quick: bool, gpu: bool, ablate: bool = False, startup: bool = False, gp
         workload = QUICK_CHARGPT if quick else CHARGPT
         found = [Row(workload, 1, variants=("raw", "plain", "template") if quick else Row.variants)]
         found.append(Row(workload, 2, variants=("raw", "template")))
-        if not quick:  # tensor parallelism has no raw loop here: the template's tokens/s beside the rows above
+        if not quick and SHARDING.is_file():  # tensor parallelism (the sharding layer's) has no raw loop here: the
+            # template's tokens/s beside the rows above
             found.append(Row(workload, 2, variants=("template",), tensor_parallel=2))
             found.append(Row(CHARGPT_4, 4, variants=("template",), tensor_parallel=2, fsdp=True))
         return found + ([Row(workload, 1, "gpu")] if gpu and not quick else [])

@@ -38,8 +38,8 @@ class Layer:
         scenarios: ``() -> dict[str, Scenario]``: rows of the scenario table (:mod:`project.plan.scenarios`).
         strategies: ``() -> dict[str, StrategyRow]``: rows of the strategy table (:mod:`project.plan.strategies`).
         parallel: ``() -> dict[str, type]``: subsections of the ``parallel`` section (dataclasses, by field name).
-        degrees: ``(config, scenario, world_size, num_nodes) -> dict[str, int]``: the layout's degrees a layer's
-            subsection decides (``tp``, ``pp``; ``dp_replicate`` of a sharded scenario), checked.
+        degrees: ``(config, layout) -> Layout``: the layout (data parallel over every process) with the degrees
+            a layer's subsection decides (``tp``, ``pp``; replicas of a sharded scenario), checked.
         plan_notes: ``(config, layout, strategy, start_method) -> list[str]``: the plan's notes on a layer's
             subsection (refusing what the layout cannot do).
         plan_report: ``(cli, plan, data) -> (dict, list)``: ``plan``'s own parts: keys added to ``data`` (its

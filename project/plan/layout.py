@@ -215,12 +215,10 @@ def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: Laun
             f"the plan has world size {world_size} (devices {per_node} x nodes {num_nodes}) but {external} "
             f"set WORLD_SIZE={environment.world_size}; make parallel.devices x parallel.num_nodes match"
         )
-    degrees: dict[str, int] = {}
-    for decide in hooks("degrees"):  # the model-parallel degrees a layer's subsection asks for, checked
-        degrees.update(decide(config, scenario, world_size, num_nodes))
-    tp, pp = degrees.get("tp", 1), degrees.get("pp", 1)
-    data_parallel = world_size // (tp * pp)
-    if SCENARIOS[scenario].data_parallel == "shard":  # over every process, or (a layer's rule) within a node
-        replicate = degrees.get("dp_replicate", 1)
-        return Layout(scenario, accelerator, devices, num_nodes, replicate, data_parallel // replicate, tp, pp)
-    return Layout(scenario, accelerator, devices, num_nodes, dp_replicate=data_parallel, tp=tp, pp=pp)
+    if SCENARIOS[scenario].data_parallel == "shard":  # every process a shard
+        layout = Layout(scenario, accelerator, devices, num_nodes, dp_replicate=1, dp_shard=world_size)
+    else:
+        layout = Layout(scenario, accelerator, devices, num_nodes, dp_replicate=world_size)
+    for with_degrees in hooks("degrees"):  # the model-parallel degrees a layer's subsection asks for, checked
+        layout = with_degrees(config, layout)
+    return layout

@@ -110,7 +110,7 @@ class GradientSyncRecorder(L.Callback):
             Path(self.path).write_text("\n".join(str(sync) for sync in self.syncs) + "\n")
 
 
-# Background (async) sharded saves: tests/distributed/test_async_sharded_save.py
+# Background (async) sharded saves: tests/extras/sharding/distributed/test_async_sharded_save.py
 class KillWhileWriting(_AtFinish):
     """SIGKILL every rank once the training is two steps past the save being written (on the writer thread)."""
 

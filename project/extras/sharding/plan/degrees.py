@@ -7,8 +7,11 @@ is the data-parallel degree. Every rule is one line with the bad value and the f
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from project.errors import UserError
 from project.plan.config import ParallelConfig
+from project.plan.layout import Layout
 from project.plan.scenarios import SCENARIOS
 
 
@@ -94,15 +97,20 @@ def pipeline_degree(config: ParallelConfig, scenario: str, world_size: int) -> i
     return pp
 
 
-def degrees(config: ParallelConfig, scenario: str, world_size: int, num_nodes: int) -> dict[str, int]:
-    """The layer's ``degrees`` hook: tensor and pipeline degrees, and a hybrid-sharded layout's replicas.
+def with_degrees(config: ParallelConfig, layout: Layout) -> Layout:
+    """The layer's ``degrees`` hook: ``layout`` (data parallel over every process) with its tensor and pipeline degrees.
 
-    ``fsdp.sharding: hybrid`` shards within a node and replicates across the nodes.
+    What the model-parallel degrees leave is the data-parallel degree: replicas, or shards (over every process, or
+    within a node and replicated across the nodes under ``fsdp.sharding: hybrid``).
 
     Raises:
         UserError: as :func:`tensor_degree` and :func:`pipeline_degree`.
     """
-    found = {"tp": tensor_degree(config, scenario, world_size), "pp": pipeline_degree(config, scenario, world_size)}
-    if SCENARIOS[scenario].data_parallel == "shard" and config.fsdp.sharding == "hybrid":
-        found["dp_replicate"] = num_nodes
-    return found
+    scenario, world_size = layout.scenario, layout.world_size
+    tp = tensor_degree(config, scenario, world_size)
+    pp = pipeline_degree(config, scenario, world_size)
+    data_parallel = world_size // (tp * pp)
+    if SCENARIOS[scenario].data_parallel == "replicate":
+        return replace(layout, dp_replicate=data_parallel, dp_shard=1, tp=tp, pp=pp)
+    replicas = layout.num_nodes if config.fsdp.sharding == "hybrid" else 1
+    return replace(layout, dp_replicate=replicas, dp_shard=data_parallel // replicas, tp=tp, pp=pp)

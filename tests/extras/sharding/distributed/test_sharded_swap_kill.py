@@ -1,7 +1,7 @@
 """A process SIGKILLed between the two renames of a sharded checkpoint's swap (a file system without the
 ``renameat2`` exchange: NFS, Lustre) loses nothing: ``--resume auto`` takes the new checkpoint it was putting in place.
 
-Every other step of the swap: tests/unit/test_sharded_swap.py.
+Every other step of the swap: tests/extras/sharding/unit/test_sharded_swap.py.
 """
 
 from __future__ import annotations

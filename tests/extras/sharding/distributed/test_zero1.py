@@ -1,4 +1,4 @@
-"""``parallel.scenario: zero1`` (configs/parallel/zero1.yaml): DDP with the optimizer state sharded over the ranks.
+"""``parallel.scenario: zero1`` (configs/sharding/zero1.yaml): DDP with the optimizer state sharded over the ranks.
 
 Five short real runs on CPU over gloo, shared by the tests: one process and two zero1 processes on the same
 global batch (AdamW, so the optimizer state matters), and a zero1 run killed at step 15 (its last.ckpt is of

@@ -4,7 +4,7 @@ A kill at each step of the swap leaves some state on disk; from every one, ``--r
 (:func:`~project.checkpoints.resume.choose_checkpoint`) takes the newest complete checkpoint, the run that holds
 the lock (:func:`~project.checkpoints.resume.remove_partial_writes`) puts it under its name with nothing hidden
 left beside it, and it loads with the weights that were saved. A real SIGKILL of a process between the swap's two
-renames: tests/distributed/test_sharded_swap_kill.py.
+renames: tests/extras/sharding/distributed/test_sharded_swap_kill.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``parallel.scenario: zero1`` on paper: the plan's rows, the strategy it builds, the memory table, the refusals.
 
-No process is started; the real runs are in tests/distributed/test_zero1.py.
+No process is started; the real runs are in tests/extras/sharding/distributed/test_zero1.py.
 """
 
 from __future__ import annotations

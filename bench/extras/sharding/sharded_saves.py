@@ -1,17 +1,17 @@
 """What a sharded (fsdp) checkpoint save costs the training: written before returning, or in the background.
 
-    python -m bench.sharded_saves          # prints a table; --out FILE writes it too; --compare adds DCP's own ways
+    python -m bench.extras.sharding.sharded_saves   # a table; --out FILE writes it too; --compare adds DCP's own ways
 
 Two CPU processes over gloo (spawned here, no launcher) shard a stack of ``--layers`` Linear layers of
 ``--width`` with ``fully_shard`` (2048 x 6: 100 MB of weights) and take one AdamW step (its state: twice the
 weights), then save what Lightning's checkpoint of them holds, ``--repeats`` times each way:
 
-- **sync**: :func:`~project.checkpoints.sharded.save.save_sharded` (``parallel.fsdp.async_save: false``): every rank
-  writes its shards, DCP its ``.metadata``, rank 0 ``meta.pt`` and the swap onto the name; then it returns.
-- **async**: :class:`~project.checkpoints.sharded.asynchronous.AsyncShardedWriter` (the default): the call blocks while
-  this rank's shards are copied into the kept staging buffers; "until written" is the call plus the wait for the
-  background write (the training idle meanwhile). The training step time while a write runs, against an idle
-  one, is what the write takes from the training on these cores.
+- **sync**: :func:`~project.extras.sharding.checkpoints.save.save_sharded` (``parallel.fsdp.async_save: false``):
+  every rank writes its shards, DCP its ``.metadata``, rank 0 ``meta.pt`` and the swap onto the name; then it returns.
+- **async**: :class:`~project.extras.sharding.checkpoints.asynchronous.AsyncShardedWriter` (the default): the call
+  blocks while this rank's shards are copied into the kept staging buffers; "until written" is the call plus the
+  wait for the background write (the training idle meanwhile). The training step time while a write runs, against
+  an idle one, is what the write takes from the training on these cores.
 - ``--compare``: DCP's ``async_save`` with its default stager (fresh buffers every save) and with its process
   executor (a second interpreter per rank; its first save, which starts it, is reported on its own).
 
@@ -37,8 +37,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from project.checkpoints.sharded import save as sharded_save
-from project.checkpoints.sharded.asynchronous import AsyncShardedWriter
+from project.extras.sharding.checkpoints import save as sharded_save
+from project.extras.sharding.checkpoints.asynchronous import AsyncShardedWriter
 
 WORLD = 2
 
@@ -234,7 +234,8 @@ def table(everyone: list[tuple[dict[str, list[float]], float]], args: argparse.N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.sharded_saves", description=__doc__.split("\n\n")[0])
+    prog = "python -m bench.extras.sharding.sharded_saves"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=5)
