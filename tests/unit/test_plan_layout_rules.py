@@ -233,12 +233,6 @@ def test_precision_32_adds_no_note_and_16_mixed_needs_gpus():
     assert message.startswith("parallel.precision='16-mixed' needs GPUs") and "on CPU use 'bf16-mixed'" in message
 
 
-def test_the_compile_note_stays_beside_the_fsdp_notes():
-    got = plan(0, scenario="fsdp", devices=2, compile=True)
-    assert any(note.startswith("compile: torch.compile (inductor)") for note in got.notes), got.notes
-    assert any(note.startswith("fsdp full:") for note in got.notes), got.notes
-
-
 # --- interactive sessions (a notebook) --------------------------------------------------------------------------
 
 
@@ -273,15 +267,6 @@ def test_in_a_notebook_ddp_forks_its_processes_and_says_so(notebook):
     assert "interactive session: processes are started by fork" in got.notes
     one = plan(0, scenario="cpu")
     assert "interactive session: processes are started by fork" not in one.notes
-
-
-def test_in_a_notebook_zero1_forks_too(notebook):
-    assert plan(0, scenario="zero1", devices=2).strategy_args["start_method"] == "fork"
-
-
-def test_in_a_notebook_fsdp_is_refused(notebook):
-    message = error(0, scenario="fsdp", devices=2)
-    assert message.startswith("scenario fsdp starts its processes by running the command again"), message
 
 
 def test_processes_an_outside_launcher_started_are_not_forked(notebook):

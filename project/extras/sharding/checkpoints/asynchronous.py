@@ -21,10 +21,10 @@ the rules of :class:`~project.checkpoints.background.BackgroundCheckpointIO`:
 - In a run directory given as a URL the same thread uploads each rank's own shards, and rank 0 commits the folder
   once every rank's upload is known complete (:mod:`project.storage.shards`); a save ends when it is committed.
 
-Threads, not DCP's process executor (``AsyncCheckpointerType.PROCESS``): measured with ``python -m bench.extras.sharding.sharded_saves
---compare``, both block the training for the copy alike, while the process executor starts a second interpreter
-per rank at the first save (seconds), sends it the copy through a pipe (the write takes longer), and
-writes log lines, and a traceback when its rank is killed, into the run's output.
+Threads, not DCP's process executor (``AsyncCheckpointerType.PROCESS``): measured with
+``python -m bench.extras.sharding.sharded_saves --compare``, both block the training for the copy alike, while the
+process executor starts a second interpreter per rank at the first save (seconds), sends it the copy through a pipe
+(the write takes longer), and writes log lines, and a traceback when its rank is killed, into the run's output.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# Called through the module: tests replace its steps (tests/extras/sharding/fsdp_faults.py, test_async_sharded_save.py) to fault.
+# Called through the module: tests replace its steps to fault (tests/extras/sharding/: fsdp_faults.py,
+# test_async_sharded_save.py).
 from project.checkpoints import pending
 from project.checkpoints.background import CheckpointWriteError, first_failure
 from project.errors import Preempted, first_line

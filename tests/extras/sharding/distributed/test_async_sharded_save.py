@@ -10,8 +10,8 @@ Real 2-process fsdp runs over gloo of test_fsdp's configuration (one epoch of 43
   and exit code 1, at the next save or at the end of ``fit``, and the checkpoint it was to replace is intact;
 - in this process, on a group of one: a removal queued behind a save waits for it, and is skipped if it failed.
 
-The faults are callbacks of ``tests/extras/sharding/fsdp_faults.py``, added by class path (the runs are forked from the suite's
-imported server).
+The faults are callbacks of ``tests/extras/sharding/fsdp_faults.py``, added by class path (the runs are forked from
+the suite's imported server).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ fsdp and zero1 strategies, the flat names that moved into ``parallel.fsdp`` (fro
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import fields
 
 import pytest
@@ -120,3 +121,26 @@ def test_the_zero1_arguments_the_plan_shows():
         "optimizer_state": "sharded over the data-parallel ranks (ZeroRedundancyOptimizer)",
         "checkpoint": "one file (the optimizer state consolidated on rank 0 when saving)",
     }
+
+
+def test_the_compile_note_stays_beside_the_fsdp_notes():
+    got = plan(0, scenario="fsdp", devices=2, compile=True)
+    assert any(note.startswith("compile: torch.compile (inductor)") for note in got.notes), got.notes
+    assert any(note.startswith("fsdp full:") for note in got.notes), got.notes
+
+
+# --- interactive sessions (a notebook) --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def notebook(monkeypatch):
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
+
+
+def test_in_a_notebook_zero1_forks_too(notebook):
+    assert plan(0, scenario="zero1", devices=2).strategy_args["start_method"] == "fork"
+
+
+def test_in_a_notebook_fsdp_is_refused(notebook):
+    message = error(0, scenario="fsdp", devices=2)
+    assert message.startswith("scenario fsdp starts its processes by running the command again"), message
