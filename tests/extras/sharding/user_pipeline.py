@@ -1,5 +1,9 @@
-"""A user's LightningModule for pipeline parallelism, not the template's: an ``nn.Sequential`` of Linear layers that
-names its own stage boundaries, its own training_step and loss, on random regression data (no download)."""
+"""Users' LightningModules for pipeline parallelism, not the template's GPT, on random regression data (no download).
+
+``SequentialRegressor``: an ``nn.Sequential`` of Linear layers that names its own stage boundaries, its own
+training_step and loss. ``BlockListRegressor``: a network of its own class whose blocks sit in an
+``nn.ModuleList`` and whose forward loops over them; it names no boundary, so the blocks are split evenly.
+"""
 
 from __future__ import annotations
 
@@ -42,6 +46,45 @@ class SequentialRegressor(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """SGD with momentum (state per parameter, so a resume needs the optimizer's state)."""
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+
+class Block(nn.Module):
+    """A residual Linear+Tanh block (the shape of a transformer's block, cut to one layer)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x + tanh(linear(x))``."""
+        return x + torch.tanh(self.linear(x))
+
+
+class BlockNet(nn.Module):
+    """An input layer, four blocks in a ModuleList, a head: a stage keeps its own and the others are Identity."""
+
+    def __init__(self, width: int, blocks: int = 4) -> None:
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.blocks = nn.ModuleList(Block(width) for _ in range(blocks))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The input layer, every block in order, the head."""
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class BlockListRegressor(SequentialRegressor):
+    """The same steps over a :class:`BlockNet`, without ``pipeline_split_points``: its blocks split evenly."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__(width)
+        self.net = BlockNet(width)
+
+    pipeline_split_points = None  # type: ignore[assignment]
 
 
 class RandomRegression(L.LightningDataModule):

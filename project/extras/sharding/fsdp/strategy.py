@@ -49,8 +49,11 @@ from project.extras.sharding.fsdp.sharding import (
 from project.extras.sharding.fsdp.units import resolve_wrap_classes
 from project.extras.sharding.plan.tensor_plan import resolve_tensor_plan
 from project.extras.sharding.tensor_parallel import apply_tensor_parallel
-from project.lightning_private import set_mesh_sizes, strategy_timeout
+from project.lightning_private import strategy_timeout
 from project.plan.layout import Layout
+
+#: The mesh hybrid sharding shards over: the layout's replicas (across nodes) x shards (within a node).
+HYBRID_DIMS = ("dp_replicate", "dp_shard")
 
 if TYPE_CHECKING:
     import lightning as L
@@ -61,13 +64,13 @@ class FullyShardStrategy(ShardedCheckpoints, ModelParallelStrategy):
     """FSDP2 over every process (or hybrid: sharded within a node, replicated across nodes), for any module.
 
     Args:
+        layout: The plan's layout: its data-parallel degree (replicas x shards) and tensor-parallel degree go to
+            Lightning's mesh (through its constructor), its replicas and shards to the mesh hybrid sharding uses.
         sharding: full | grad_op | hybrid (see the module docstring).
         cpu_offload: Keep sharded parameters, gradients and optimizer state in host memory (GPUs).
         wrap_modules: Class names or import paths of the modules that become units; ``None``: the default rule.
         process_group_backend: nccl | gloo; ``None``: Lightning's default for the device.
         timeout: How long a collective may wait.
-        data_parallel: The layout's data-parallel degree (replicas x shards); ``None``: every process.
-        tensor_parallel: The layout's tensor-parallel degree (1: none).
         tensor_plan: ``parallel.tensor_parallel.plan`` (``auto`` or module patterns -> styles), for ``tp > 1``.
         async_save: Write checkpoints in the background (a save costs the training a copy of its shards), at most
             one in flight; false: every rank waits for the write.
@@ -75,22 +78,27 @@ class FullyShardStrategy(ShardedCheckpoints, ModelParallelStrategy):
 
     def __init__(
         self,
+        layout: Layout,
         sharding: str = "full",
         cpu_offload: bool = False,
         wrap_modules: list[str] | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | None = None,
-        data_parallel: int | None = None,
-        tensor_parallel: int = 1,
         tensor_plan: str | dict[str, str] = "auto",
         async_save: bool = False,
     ) -> None:
         kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
-        super().__init__(save_distributed_checkpoint=True, process_group_backend=process_group_backend, **kwargs)
+        super().__init__(
+            data_parallel_size=layout.dp_size,
+            tensor_parallel_size=layout.tp,
+            save_distributed_checkpoint=True,
+            process_group_backend=process_group_backend,
+            **kwargs,
+        )
         self.sharding = sharding
         self.cpu_offload = cpu_offload
         self.wrap_modules = wrap_modules
-        self.degrees = (data_parallel, tensor_parallel)
+        self.layout = layout
         self.tensor_plan = tensor_plan
         self.async_save = async_save
         self._writer = AsyncShardedWriter()
@@ -103,23 +111,18 @@ class FullyShardStrategy(ShardedCheckpoints, ModelParallelStrategy):
     def connect(self, model: L.LightningModule) -> None:
         """Check, before anything runs, that the module's networks can be sharded (and split) as asked."""
         resolve_wrap_classes(model, self.wrap_modules)
-        if self.degrees[1] > 1:
-            resolve_tensor_plan(model, self.tensor_plan, self.degrees[1])
+        if self.layout.tp > 1:
+            resolve_tensor_plan(model, self.tensor_plan, self.layout.tp)
         super().connect(model)
 
     def setup_environment(self) -> None:
-        """The mesh of the layout's degrees (data parallel x tensor parallel); hybrid adds a 2-D data mesh."""
-        data_parallel, tensor_parallel = self.degrees
-        set_mesh_sizes(self, data_parallel or self.num_nodes * self.num_processes, tensor_parallel)
+        """Lightning's mesh of the layout's degrees (data parallel x tensor parallel); hybrid: the layout's own."""
         super().setup_environment()
-        if self.sharding == "hybrid":
+        if self.sharding == "hybrid":  # the layout's replicas x shards, both kept (HSDP takes a 2-D mesh)
             from torch.distributed.device_mesh import init_device_mesh
 
-            self._shard_mesh = init_device_mesh(
-                self.root_device.type,
-                (self.num_nodes, self.num_processes),
-                mesh_dim_names=("dp_replicate", "dp_shard"),
-            )
+            shape = tuple(self.layout.size(dim) for dim in HYBRID_DIMS)
+            self._shard_mesh = init_device_mesh(self.root_device.type, shape, mesh_dim_names=HYBRID_DIMS)
         else:
             self._shard_mesh = self.device_mesh["data_parallel"]
 
@@ -133,11 +136,11 @@ class FullyShardStrategy(ShardedCheckpoints, ModelParallelStrategy):
             # float64 (precision 64) before the split: Lightning's setup converts the module after it, too late
             self.precision_plugin.convert_module(module)
             broadcast_from_rank0(module, self.root_device)
-            data_parallel, tensor_parallel = self.degrees
-            if tensor_parallel > 1:  # split the layers first; fully_shard then shards the split parameters (2-D)
-                self.tensor_styles = resolve_tensor_plan(module, self.tensor_plan, tensor_parallel)
+            tp = self.layout.tp
+            if tp > 1:  # split the layers first; fully_shard then shards the split parameters (2-D)
+                self.tensor_styles = resolve_tensor_plan(module, self.tensor_plan, tp)
                 apply_tensor_parallel(module, self.device_mesh["tensor_parallel"], self.tensor_styles)
-            if tensor_parallel == 1 or (data_parallel or 1) > 1:
+            if tp == 1 or self.layout.dp_size > 1:
                 classes = resolve_wrap_classes(module, self.wrap_modules)
                 shard_module(module, self._shard_mesh, self.sharding, self.cpu_offload, classes)
         # Lightning's ModelParallelStrategy.setup insists on a configure_model that shards; the plain
@@ -203,13 +206,12 @@ class FullyShardStrategy(ShardedCheckpoints, ModelParallelStrategy):
 def build(args: dict[str, Any], backend: str | None, layout: Layout) -> FullyShardStrategy:
     """The row's builder: :class:`FullyShardStrategy` with the plan's arguments and the layout's degrees."""
     return FullyShardStrategy(
+        layout,
         sharding=args["fsdp"]["sharding"],
         cpu_offload=args["fsdp"]["cpu_offload"],
         wrap_modules=args["fsdp"]["wrap_modules"],
         process_group_backend=backend,
         timeout=timedelta(seconds=args["timeout_s"]),
-        data_parallel=layout.dp_size,
-        tensor_parallel=layout.tp,
         tensor_plan=args.get("tensor_parallel_plan", "auto"),
         async_save=args["fsdp"]["async_save"],
     )
@@ -218,10 +220,9 @@ def build(args: dict[str, Any], backend: str | None, layout: Layout) -> FullySha
 def build_tensor_parallel(args: dict[str, Any], backend: str | None, layout: Layout) -> FullyShardStrategy:
     """The ``tensor_parallel`` row's builder: the same strategy, every process one tensor-parallel group."""
     return FullyShardStrategy(
+        layout,
         process_group_backend=backend,
         timeout=timedelta(seconds=args["timeout_s"]),
-        data_parallel=1,
-        tensor_parallel=layout.tp,
         tensor_plan=args["tensor_parallel_plan"],
         async_save=args["fsdp"]["async_save"],
     )

@@ -125,4 +125,4 @@ def plan_units(plan: Plan, model: nn.Module | None, wrap_modules: list[str] | No
     if SCENARIOS[plan.scenario].data_parallel != "shard" or model is None:
         return {}
     units = describe_wrapping(model, wrap_modules)
-    return {"units": units} if plan.row.memory == "fsdp" else {}
+    return {"units": units} if plan.world_size > 1 else {}  # one process runs on a single device, unsharded

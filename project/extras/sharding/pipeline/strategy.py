@@ -227,11 +227,6 @@ class PipelineStrategy(DDPStrategy):
 
 def build(args: dict[str, Any], backend: str | None, layout: Layout) -> PipelineStrategy:
     """The ``pipeline`` row's builder: :class:`PipelineStrategy` with the plan's arguments and the layout."""
-    if args.get("data_parallel", "ddp") != "ddp":
-        raise UserError(
-            f"parallel.pipeline_parallel with data parallelism {args['data_parallel']!r}: stages are replicated "
-            "(gradients averaged) only; use scenario 'ddp' or 'cpu' beside parallel.pipeline_parallel"
-        )
     return PipelineStrategy(
         layout,
         schedule=args["schedule"],

@@ -83,6 +83,17 @@ class ModelCount:
         return {**{key: getattr(self, key) for key in keys}, "dtypes": list(self.dtypes)}
 
 
+#: What each way of sharding divides by its shard degree: zero1 the optimizer state, fsdp by its ``sharding``.
+DIVIDES: dict[str, tuple[str, ...]] = {
+    "zero1": ("optimizer_state",),
+    "grad_op": ("gradients", "optimizer_state"),
+    "full": ("parameters", "gradients", "optimizer_state"),
+    "hybrid": ("parameters", "gradients", "optimizer_state"),
+}
+#: The ways whose sharded state ``cpu_offload`` keeps in host memory (fsdp's).
+OFFLOADED = ("grad_op", "full", "hybrid")
+
+
 def _entry(size: int) -> dict[str, Any]:
     return {"bytes": size, "human": human(size)}
 
@@ -99,15 +110,14 @@ def per_device(
     ``zero1`` divides the optimizer state, fsdp's ``grad_op`` also the gradients, ``full``/``hybrid`` also the
     parameters.
     """
-    params, grads, states = count.parameter_bytes, count.trainable_bytes, optimizer.state_bytes
-    divide = (lambda size: math.ceil(size / shard)) if sharding is not None else (lambda size: size)
-    params = params if sharding in ("grad_op", "zero1") else divide(params)
-    grads = grads if sharding == "zero1" else divide(grads)
-    states = divide(states)
+    divided = DIVIDES[sharding] if sharding is not None else ()
+    sizes = {"parameters": count.parameter_bytes, "gradients": count.trainable_bytes}
+    sizes["optimizer_state"] = optimizer.state_bytes
+    params, grads, states = (math.ceil(size / shard) if kind in divided else size for kind, size in sizes.items())
     row: dict[str, Any] = {"shard_degree": shard if sharding is not None else 1}
     if sharding is not None:
         row["sharding"] = sharding
-    if cpu_offload and sharding not in (None, "zero1"):
+    if cpu_offload and sharding in OFFLOADED:
         row["offloaded_to_host"] = _entry(params + grads + states)
         params = grads = states = 0
     row.update(
@@ -171,8 +181,8 @@ def estimate(
     count, optimizer = as_trained(
         ModelCount.of(model), count_optimizer(model, optimizer_section), precision, tensor_split, tp
     )
-    # The plan's own shard degree when it runs fsdp; else what fsdp would shard over on this layout.
-    fsdp_shard = layout.dp_shard if planned == "fsdp" else shard_degree(sharding, dp_size, layout.per_node // tp)
+    # What fsdp shards over on this layout (the plan's own dp_shard when it runs fsdp: the same number).
+    fsdp_shard = shard_degree(sharding, dp_size, layout.per_node // tp)
     mixed = f"; {precision} keeps float32 parameters, gradients and optimizer state" if "mixed" in precision else ""
     mixed += f"; tensor parallel {tp} divides the split layers first" if tp > 1 else ""
     mixed += "; float64 (precision 64)" if precision == "64" else ""

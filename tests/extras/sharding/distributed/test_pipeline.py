@@ -100,11 +100,14 @@ USER = [
 ]  # fmt: skip
 
 
-def test_a_user_module_that_names_its_boundary_trains_as_a_pipeline_like_one_process(tmp_path):
+@pytest.mark.parametrize("model", ["SequentialRegressor", "BlockListRegressor"])
+def test_a_users_own_module_trains_as_a_pipeline_like_one_process(tmp_path, model):
+    """Not the bundled GPT: an nn.Sequential that names its boundary, and a block list split evenly (float64)."""
     (tmp_path / "one").mkdir()
     (tmp_path / "pp").mkdir()
+    user = [*USER, "--model", f"user_pipeline.{model}"]
     one, pp = two_at_a_time(
-        partial(run_cli, ["fit", *USER], tmp_path / "one"), partial(run_cli, ["fit", *USER, *PP2], tmp_path / "pp")
+        partial(run_cli, ["fit", *user], tmp_path / "one"), partial(run_cli, ["fit", *user, *PP2], tmp_path / "pp")
     )
     for result in (one, pp):
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]

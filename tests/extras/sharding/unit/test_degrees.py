@@ -88,4 +88,6 @@ def test_memory_divides_by_the_data_parallel_degree():
 def test_the_sharded_strategy_mesh_takes_the_layout_degrees():
     plan = paper_plan(scenario="fsdp")
     strategy = build_fsdp(plan.strategy_args, plan.backend, plan.layout)
-    assert strategy.degrees == (2, 2)
+    assert strategy.layout is plan.layout and (plan.layout.dp_size, plan.layout.tp) == (2, 2)
+    # Lightning's mesh gets them through ModelParallelStrategy's own constructor (nothing set on it afterwards).
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (2, 2)
