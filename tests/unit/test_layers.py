@@ -56,7 +56,8 @@ def test_the_check_finds_an_import_of_a_layer_even_inside_a_function(tmp_path: P
 @pytest.mark.parametrize("layer", installed(), ids=lambda layer: layer.name)
 def test_each_layer_is_a_folder_whose_hooks_import(layer) -> None:
     assert (EXTRAS / layer.name / "layer.py").is_file()
-    paths = [*layer.sections, *layer.callbacks, *layer.on_trainer]
+    paths = [*layer.sections, *layer.callbacks, *layer.on_trainer, *layer.scenarios, *layer.strategies]
+    paths += [*layer.parallel, *layer.degrees, *layer.plan_notes, *layer.plan_report, *layer.checkpoint_formats]
     for row in layer.commands:
         paths += [p for p in (row.runner, row.arguments, row.settings, row.trainer_kwargs) if p is not None]
     for path in paths:
