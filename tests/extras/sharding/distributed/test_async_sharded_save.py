@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from test_fsdp import COMMON, CPU_FSDP, assert_close_weights, said
 
-from project.checkpoints import sharded
+from project.extras.sharding import checkpoints as sharded
 from project.extras.sharding.checkpoints import merge as sharded_merge
 from project.extras.sharding.checkpoints import save as sharded_save
 from project.extras.sharding.checkpoints.asynchronous import AsyncShardedWriter, ShardedWriteError

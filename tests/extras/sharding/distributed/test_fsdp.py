@@ -27,9 +27,9 @@ import torch
 from jsonargparse import Namespace
 from torch import nn
 
-from project.checkpoints import sharded
 from project.checkpoints.resume import RunName, choose_checkpoint, find_resume_checkpoint, remove_partial_writes
 from project.errors import UserError
+from project.extras.sharding import checkpoints as sharded
 from project.extras.sharding.checkpoints import merge as sharded_merge
 from project.extras.sharding.checkpoints import save as sharded_save
 from project.extras.sharding.consolidate import consolidate

@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from project.checkpoints import sharded
 from project.errors import UserError
+from project.extras.sharding import checkpoints as sharded
 from project.extras.sharding.checkpoints import load as sharded_load
 from project.extras.sharding.checkpoints import merge as sharded_merge
 from project.extras.sharding.checkpoints import save as sharded_save
