@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from project.errors import UserError
+from project.layers import rows
 from project.plan.scenarios import SCENARIO_NAMES
 
 # The choices come from the scenario table, so a new scenario is a row there (jsonargparse reads the Literal).
@@ -117,9 +118,6 @@ class CoreParallelConfig:
             if isinstance(getattr(self, name), dict):
                 setattr(self, name, kind(**getattr(self, name)))
 
-
-# At this point: a layer's subsections are plain dataclasses, which import nothing of the core.
-from project.layers import rows  # noqa: E402
 
 #: The subsections of ``parallel``, by field name: the core's ``ddp``, then each installed layer's.
 SUBSECTIONS: dict[str, Any] = {"ddp": DdpOptions, **rows("parallel")}
