@@ -87,7 +87,7 @@ def template_layout(row: Row) -> list[str]:
         processes = ["--parallel.scenario", "cpu", "--parallel.devices", str(row.processes)]
         return [*processes, *row.pipeline.template_args()]
     if row.tensor_parallel > 1:
-        base = "configs/parallel/cpu_fsdp.yaml" if row.fsdp else "configs/parallel/cpu_ddp.yaml"
+        base = "configs/sharding/cpu_fsdp.yaml" if row.fsdp else "configs/parallel/cpu_ddp.yaml"
         split = ["--parallel.devices", str(row.processes), "--parallel.tensor_parallel.size", str(row.tensor_parallel)]
         return ["--config", str(REPO / base), *split]
     if row.processes == 1:

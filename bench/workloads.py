@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.tasks import task
+
+#: The sharding layer's ``layer.py``: its rows (tensor parallelism, FSDP x TP) run where it is installed.
+SHARDING = Path(__file__).resolve().parents[1] / "project" / "extras" / "sharding" / "layer.py"
 
 if TYPE_CHECKING:
     from bench.pipeline import Pipeline

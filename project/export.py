@@ -17,7 +17,7 @@ from torch import nn
 
 from project.checkpoints.atomic import atomic_torch_save, atomic_write_text
 from project.checkpoints.diff import diff_state_dicts
-from project.checkpoints.loading import refuse_untrusted_import, safe_load
+from project.checkpoints.loading import read_weights, refuse_untrusted_import
 from project.dotted import import_object, module_of, names_object
 from project.errors import UserError
 from project.layers import installed
@@ -75,11 +75,8 @@ def match_state_dict(state: dict[str, torch.Tensor], net: nn.Module) -> dict[str
 
 
 def _read_weights(file: Path) -> Any:
-    """What a weights file holds; a sharded (FSDP) checkpoint folder is merged into one Lightning checkpoint."""
-    from project.checkpoints.sharded import is_sharded_checkpoint
-    from project.checkpoints.sharded.merge import load_full_checkpoint
-
-    return load_full_checkpoint(file, weights_only=True) if is_sharded_checkpoint(file) else safe_load(file)
+    """What a weights file holds; a layer's checkpoint folder (sharded) is merged into one Lightning checkpoint."""
+    return read_weights(file)
 
 
 def load_weights(net: nn.Module, path: str | os.PathLike[str]) -> None:

@@ -58,6 +58,17 @@ class Layer:
         on_state: ``hook(state, config)`` on the run's state before its plan is resolved: a layer takes a value of
             the ``parallel`` section only it understands (``state.section``) and changes every plan the run makes
             (``state.amend``; microbatch: ``micro_batch: auto``).
+        scenarios: ``() -> dict[str, Scenario]``: rows of the scenario table (:mod:`project.plan.scenarios`).
+        strategies: ``() -> dict[str, StrategyRow]``: rows of the strategy table (:mod:`project.plan.strategies`).
+        parallel: ``() -> dict[str, type]``: subsections of the ``parallel`` section (dataclasses, by field name).
+        degrees: ``(config, layout) -> Layout``: the layout (data parallel over every process) with the degrees
+            a layer's subsection decides (``tp``, ``pp``; replicas of a sharded scenario), checked.
+        plan_notes: ``(config, layout, strategy, start_method) -> list[str]``: the plan's notes on a layer's
+            subsection (refusing what the layout cannot do).
+        plan_report: ``(cli, plan, data) -> (dict, list)``: ``plan``'s own parts: keys added to ``data`` (its
+            ``strategy`` entry too) and the JSON's extra top-level keys, and what the table prints after it.
+        checkpoint_formats: A class whose instances read and write a checkpoint that is not one file
+            (:class:`project.checkpoints.formats.CheckpointFormat`).
     """
 
     name: str
@@ -76,6 +87,13 @@ class Layer:
     around_command: tuple[str, ...] = ()
     submit: tuple[str, ...] = ()
     on_state: tuple[str, ...] = ()
+    scenarios: tuple[str, ...] = ()
+    strategies: tuple[str, ...] = ()
+    parallel: tuple[str, ...] = ()
+    degrees: tuple[str, ...] = ()
+    plan_notes: tuple[str, ...] = ()
+    plan_report: tuple[str, ...] = ()
+    checkpoint_formats: tuple[str, ...] = ()
 
 
 @cache
@@ -119,3 +137,11 @@ def observed(kind: str, *args: Any) -> Iterator[None]:
         for function in hooks(kind):
             stack.enter_context(function(*args))
         yield
+
+
+def rows(kind: str) -> dict[str, Any]:
+    """Every installed layer's rows of one table (``scenarios``, ``strategies``, ``parallel``), in layer order."""
+    merged: dict[str, Any] = {}
+    for contribute in hooks(kind):
+        merged.update(contribute())
+    return merged

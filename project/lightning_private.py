@@ -9,8 +9,7 @@ Importing this module imports nothing from Lightning (``project.export`` uses it
 2. The name of Fabric's module wrapper (``_FabricModule``, holding the module at ``_forward_module``),
    which ``project.export.unwrap`` sees through by class name, so that it never imports Lightning. (The
    Trainer wraps a LightningModule in DDP itself, which ``unwrap`` handles as plain torch.)
-3. The mesh sizes of ``ModelParallelStrategy`` (``_data_parallel_size``, ``_tensor_parallel_size``): known only
-   once the launcher has set up the processes; :func:`set_mesh_sizes` sets them before it builds its mesh.
+3. (No longer: the mesh sizes of ``ModelParallelStrategy`` go through its constructor, from the plan's layout.)
 4. Not a name but a behaviour: the Trainer calls a callback's hook only when ``callable(getattr(callback, hook))``;
    ``project.callbacks.dispatch.skip_idle_batch_hooks`` sets empty per-batch hooks to ``None`` (no public way).
 5. The version a TensorBoard/CSV logger has not chosen yet (``_version is None``) and the next free one
@@ -57,8 +56,6 @@ from project.launch.ranks import RankProcess, started_ranks, stop_started_ranks
 WRAPPER_CLASS_NAMES = frozenset({"_FabricModule"})
 #: Where those wrappers keep the module they wrap.
 WRAPPER_ATTRIBUTE = "_forward_module"
-#: ModelParallelStrategy's mesh sizes, read by its ``setup_environment`` (checked by the test).
-MESH_SIZE_ATTRIBUTES = ("_data_parallel_size", "_tensor_parallel_size")
 #: torch.compile's OptimizedModule holds the module it compiled here.
 COMPILED_ATTRIBUTE = "_orig_mod"
 #: (module, name) of torch.distributed.checkpoint's private globals pickled in a sharded folder's ``.metadata``.
@@ -90,12 +87,6 @@ def stop_launched_processes(strategy: Any) -> None:
     if getattr(launcher, "procs", None) and hasattr(launcher, "kill"):
         launcher.kill(signal.SIGKILL)
     stop_started_ranks()
-
-
-def set_mesh_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:
-    """Give a ``ModelParallelStrategy`` its mesh sizes before its ``setup_environment`` builds the device mesh."""
-    for name, size in zip(MESH_SIZE_ATTRIBUTES, (data_parallel, tensor_parallel)):
-        setattr(strategy, name, size)
 
 
 def unchosen_version(logger: Any) -> int | None:

@@ -13,7 +13,7 @@ from torch.utils.data import IterableDataset
 
 from project.callbacks.model_checks import refuse_manual_accumulation
 from project.errors import first_line
-from project.parallel.fsdp.units import plan_units
+from project.layers import hooks
 from project.parallel.limits import (
     SETTINGS,
     Limit,
@@ -25,11 +25,7 @@ from project.parallel.limits import (
 from project.parallel.sampler_install import takes_eval_sampler
 from project.plan.environment import detect_environment
 from project.plan.layout import LaunchMismatchError
-from project.plan.memory import estimate
-from project.plan.optimizer_count import tensor_bytes
-from project.plan.pipeline_plan import describe_stages
 from project.plan.resolve import Plan
-from project.plan.tensor_plan import resolve_tensor_plan, split_parameter_names
 
 if TYPE_CHECKING:
     from project.build import ProjectCLI
@@ -143,41 +139,6 @@ def _listed(loaders: Any) -> list[Any]:
     return list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
 
 
-def memory_estimate(cli: ProjectCLI, plan: Plan) -> dict[str, Any] | None:
-    """Per-device memory of the built model under this plan's layout, ddp beside fsdp (``None``: no model)."""
-    if cli.model is None:
-        return None
-    settings = cli.state.section
-    assert settings is not None
-    section = cli.config.get("optimizer")
-    return estimate(
-        cli.model,
-        section.as_dict() if hasattr(section, "as_dict") else section,
-        planned=plan.row.memory,
-        layout=plan.layout,
-        sharding=settings.fsdp.sharding,
-        cpu_offload=settings.fsdp.cpu_offload,
-        precision=plan.precision,
-        tensor_split=tensor_split_bytes(cli.model, tensor_styles(cli, plan)),
-    )
-
-
-def tensor_styles(cli: ProjectCLI, plan: Plan) -> dict[str, str]:
-    """The tensor-parallel plan resolved on the built model (``{}`` without one); one that cannot apply refuses."""
-    tp = plan.layout.tp
-    if tp == 1 or cli.model is None:
-        return {}
-    assert cli.state.section is not None
-    return resolve_tensor_plan(cli.model, cli.state.section.tensor_parallel.plan, tp)
-
-
-def tensor_split_bytes(model: Any, styles: dict[str, str]) -> tuple[int, int]:
-    """Bytes of the parameters (all, trainable) the resolved tensor-parallel plan splits."""
-    names = split_parameter_names(model, styles)
-    split = [p for name, p in model.named_parameters() if name in names]
-    return tensor_bytes(split), tensor_bytes(p for p in split if p.requires_grad)
-
-
 def print_plan(cli: ProjectCLI) -> None:
     """Print the plan as a table, or as one JSON object with ``--json``."""
     loader, unbuilt = training_loader(cli.datamodule)
@@ -185,19 +146,18 @@ def print_plan(cli: ProjectCLI) -> None:
     # What fit would refuse before starting, plan refuses alike (the plan of a run that cannot start misleads).
     refuse_manual_accumulation(cli.model, plan.accumulation, cli.state.section, plan)
     data = plan.to_dict()
-    data["strategy"].update(plan_units(plan, cli.model, cli.state.section.fsdp.wrap_modules))
-    styles = tensor_styles(cli, plan)
-    if styles:
-        data["strategy"]["tensor_parallel"] = {"size": plan.layout.tp, "modules": styles}
     limits = plan_limits(cli, plan, loader)
     data["limits"] = limits_json(limits)
     if cli.config.get("parallel") is None:
         data["notes"] = [*data["notes"], "no parallel section: this is what `parallel.scenario: auto` would do"]
-    memory = memory_estimate(cli, plan)
-    if plan.layout.pp > 1 and cli.model is not None:  # each stage's units, parameters and state
-        data["strategy"]["pipeline"] = describe_stages(cli.model, plan.layout.pp, plan.strategy_args, memory)
+    extra: dict[str, Any] = {}
+    shown: list[Any] = []
+    for report in hooks("plan_report"):  # a layer's parts (sharding: its units, styles, stages, memory table)
+        more, tables = report(cli, plan, data)
+        extra.update(more)
+        shown += tables
     if cli.config.get("json"):
-        sys.stdout.write(json.dumps({**data, "memory": memory}) + "\n")
+        sys.stdout.write(json.dumps({**data, **extra}) + "\n")
         return
     from rich.console import Console
     from rich.table import Table
@@ -210,37 +170,5 @@ def print_plan(cli: ProjectCLI) -> None:
             )
         table.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
     console = Console()
-    console.print(table)
-    if memory is not None:
-        console.print(memory_table(memory))
-
-
-def memory_table(memory: dict[str, Any]) -> Any:
-    """The ``memory`` block as a table: one row per kind of state, ddp, zero1 and fsdp side by side, planned marked."""
-    from rich.table import Table
-
-    model, optimizer, rows = memory["model"], memory["optimizer"], memory["per_device"]
-    fsdp = rows["fsdp"]
-    titles = {
-        "ddp": "ddp",
-        "zero1": f"zero1 / {rows['zero1']['shard_degree']}",
-        "fsdp": f"fsdp {fsdp['sharding']} / {fsdp['shard_degree']}"
-        + (", offloaded" if "offloaded_to_host" in fsdp else ""),
-    }
-    table = Table(
-        title="memory per device (estimate): ddp replicates everything, zero1 shards the optimizer state, fsdp all",
-        caption_justify="left",
-        caption=f"{model['name']}: {model['parameters']:,} parameters ({model['trainable']:,} trainable, "
-        f"{', '.join(model['dtypes'])}); optimizer {optimizer['class_path']}: {optimizer['states_per_parameter']:g} "
-        f"state(s) per parameter, {optimizer['source']}. {memory['note']}",
-    )
-    table.add_column("")
-    for kind, title in titles.items():
-        table.add_column(title + (" (planned)" if memory["planned"] == kind else ""), justify="right")
-    kinds = ["parameters", "gradients", "optimizer_state", "buffers", "total"]
-    if "offloaded_to_host" in fsdp:
-        kinds.append("offloaded_to_host")
-    for kind in kinds:
-        cells = [rows[way][kind]["human"] if kind in rows[way] else "-" for way in titles]
-        table.add_row(kind.replace("_", " "), *cells)
-    return table
+    for printed in (table, *shown):
+        console.print(printed)

@@ -41,9 +41,12 @@ mkdir -p "$WORK"
 cp -r "$ROOT/project" "$ROOT/tests" "$ROOT/pyproject.toml" "$WORK/"
 find "$WORK" -name __pycache__ -prune -exec rm -rf {} +
 tests=""
-for file in test_plan.py test_degrees.py test_memory_plan.py test_launcher_table.py test_zero1_plan.py \
-  test_import_contract.py; do
+for file in test_plan.py test_degrees.py test_launcher_table.py test_import_contract.py; do
   tests+="    tests/unit/$file"$'\n'
+done
+# The sharding layer's plan rules, where the layer is installed (its degrees, memory and zero1 rows).
+for file in test_sharded_degrees.py test_memory_plan.py test_zero1_plan.py; do
+  [[ -e "$ROOT/tests/extras/sharding/unit/$file" ]] && tests+="    tests/extras/sharding/unit/$file"$'\n'
 done
 for file in "$ROOT"/tests/unit/test_plan_*.py; do
   [[ -e $file ]] && tests+="    tests/unit/$(basename "$file")"$'\n'

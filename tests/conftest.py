@@ -42,7 +42,7 @@ SLOW_FILES = {
     "extras/resilience/distributed/test_hang.py",
     # pipelines of 2 and 4 processes (pp 2, pp 2 x dp 2), their one-process references and resumes as other layouts
     # (about 150 s of fixture on a loaded machine; added after that run)
-    "distributed/test_pipeline.py",
+    "extras/sharding/distributed/test_pipeline.py",
     # Moved after the clean-clone CI of 2026-12-05 05:54 (make test 20.5 min: 14 min 11 s on the workers, 4 min 22 s
     # alone): the bad-input table's fixture runs every refusal as a command (145 s; make test-fast keeps five of them),
     # the notebooks executed headless (79 s), the quick bench (62 s), the early launcher's real starts and losses

@@ -44,6 +44,11 @@ FAST = str(REPO / "tests" / "configs" / "fast.yaml")
 T = TypeVar("T")
 
 
+def has_layer(name: str) -> bool:
+    """Whether the layer ``name`` is in this checkout (``make strip`` removes its folder): a core test's case skips."""
+    return (REPO / "project" / "extras" / name / "layer.py").is_file()
+
+
 def free_port() -> int:
     """A free TCP port on localhost (for MASTER_PORT / rendezvous endpoints)."""
     with socket.socket() as sock:

@@ -225,7 +225,7 @@ class KillInShardWrite(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Wrap the shard writer (looked up at call time) on the chosen rank."""
-        from project.checkpoints.sharded import save as sharded_save
+        from project.extras.sharding.checkpoints import save as sharded_save
 
         if trainer.global_rank != self.rank:
             return

@@ -15,7 +15,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 from project.parallel.collectives import in_process_group
-from project.parallel.fsdp.sharding import sharded_finite
 from project.parallel.strategies import row_of
 
 
@@ -29,6 +28,22 @@ def all_finite(tensors: list[Tensor]) -> bool:
     if not tensors:
         return True
     return math.isfinite(torch.stack([tensor.sum(dtype=torch.float32) for tensor in tensors]).sum().item())
+
+
+def sharded_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether tensors each rank holds its own part of (FSDP shards, pipeline stages) are finite on every rank.
+
+    Each rank holds its shard, so a nan may sit in one rank's shard only: each rank checks its own and the
+    verdicts are all-reduced (one one-element collective), so all ranks agree.
+    """
+    from torch.distributed.tensor import DTensor
+
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    norm = torch.nn.utils.get_total_norm(local, norm_type=2.0, foreach=True)
+    bad = (~torch.isfinite(norm)).float().reshape(1)
+    if in_process_group():
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return not bool(bad.item())
 
 
 def weights_finite(trainer: L.Trainer) -> bool:

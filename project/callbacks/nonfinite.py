@@ -28,10 +28,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
-from project.callbacks.finite import all_finite, gather_ranks, weights_finite
+from project.callbacks.finite import all_finite, gather_ranks, sharded_finite, weights_finite
 from project.checkpoints import pending
 from project.errors import RunFailure, UserError
-from project.parallel.fsdp.sharding import sharded_finite
 from project.parallel.strategies import row_of
 
 ACTIONS = ("stop", "skip")

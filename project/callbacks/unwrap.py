@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
 from project.callbacks.best_checkpoint import best_checkpoint_path
-from project.checkpoints.sharded.merge import checkpoint_weights
+from project.checkpoints.loading import checkpoint_weights
 from project.errors import UserError
 from project.export import (
     EXPORT_WEIGHTS,

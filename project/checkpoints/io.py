@@ -21,9 +21,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from project.checkpoints.atomic import atomic_write
-from project.checkpoints.sharded import is_sharded_checkpoint
-from project.checkpoints.sharded.merge import load_full_checkpoint
-from project.checkpoints.sharded.save import write_file_over
+from project.checkpoints.formats import format_of
 from project.run_store import active
 
 
@@ -50,10 +48,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self._check = check
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
-        """The preloaded checkpoint of ``path`` (once), else Lightning's own read; a sharded folder merged here."""
-        if "://" not in str(path) and is_sharded_checkpoint(path):
+        """The preloaded checkpoint of ``path`` (once), else Lightning's own read; a layer's format merged here."""
+        found = format_of(path)
+        if found is not None:
             self._preloaded = None  # the CLI preloads a sharded folder's summary, which has no tensors
-            return load_full_checkpoint(path)
+            return found.load(path)
         if self._preloaded is not None and "://" not in str(path) and Path(path).resolve() == self._preloaded[0]:
             checkpoint, self._preloaded = self._preloaded[1], None
             check, self._check = self._check, None
@@ -71,8 +70,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options (got {storage_options!r})")
-        if is_sharded_checkpoint(path):  # a sharded (FSDP) run's folder of this name, resumed on one process
-            write_file_over(Path(path), lambda handle: self.write(checkpoint, handle))
+        found = format_of(path)
+        if found is not None:  # a sharded run's folder of this name, resumed on one process
+            found.write_over(Path(path), lambda handle: self.write(checkpoint, handle))
         else:
             atomic_write(path, lambda handle: self.write(checkpoint, handle))
         active().commit(path)  # a run directory in object storage: uploaded, then committed (on the writer's thread)

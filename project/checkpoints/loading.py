@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from project.checkpoints import pending
+from project.checkpoints.formats import format_of, incomplete
 from project.dotted import module_of, within
 from project.errors import UserError, first_line
 
@@ -41,26 +42,11 @@ def _check_resolves(file: Path) -> None:
         ) from error
 
 
-def _incomplete_sharded(folder: Path) -> str | None:
-    """What a folder of DCP shards lacks to be a sharded checkpoint; ``None`` if it holds no shards.
-
-    The names are project.checkpoints.sharded's DCP_METADATA and LIGHTNING_META (that module imports this one).
-    """
-    if not any(folder.glob("*.distcp")) and not (folder / "meta.pt").is_file():
-        return None
-    missing = [name for name in (".metadata", "meta.pt") if not (folder / name).is_file()]
-    return " and ".join(missing) or None
-
-
 def _check_is_torch_file(file: Path) -> None:
     if file.is_dir():
-        lacks = _incomplete_sharded(file)
-        if lacks:
-            raise UserError(
-                f"'{file}' is an incomplete sharded (fsdp) checkpoint folder: it has no {lacks}, which the save "
-                "writes last, once every rank's shards are written (a save killed before that, or a partial copy); "
-                "give a complete checkpoint (e.g. an older one, or last.ckpt of the run) or copy the whole folder"
-            )
+        reason = incomplete(file)  # a layer's format (a folder of shards) that lacks what its save writes last
+        if reason:
+            raise UserError(reason)
         raise UserError(f"'{file}' is a folder, not a file; give a file inside it (e.g. {file}/checkpoints/last.ckpt)")
     if not file.is_file():
         raise UserError(f"file '{file}' does not exist; check the path (relative paths start at {Path.cwd()})")
@@ -160,3 +146,28 @@ def load_lightning_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             "weights with --model.init_args.weights"
         )
     return checkpoint
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A checkpoint to start from: a Lightning checkpoint file, or a format's summary."""
+    found = format_of(path)
+    return found.summary(path) if found is not None else load_lightning_checkpoint(path)
+
+
+def read_resumable(path: str | os.PathLike[str]) -> Any:
+    """What the checkpoint at ``path`` holds, for choosing it (a format's summary; a file as it is)."""
+    found = format_of(path)
+    return found.summary(path) if found is not None else safe_load(path)
+
+
+def read_weights(path: str | os.PathLike[str]) -> Any:
+    """What a weights file holds; a format's checkpoint as one Lightning checkpoint of its weights."""
+    found = format_of(path)
+    return found.load(path, weights_only=True) if found is not None else safe_load(path)
+
+
+def checkpoint_weights(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``state_dict`` of a Lightning checkpoint: a file, or a format's checkpoint merged here (weights only)."""
+    found = format_of(path)
+    checkpoint = found.load(path, weights_only=True) if found is not None else load_lightning_checkpoint(path)
+    return checkpoint["state_dict"]

@@ -28,9 +28,8 @@ from typing import Any
 from jsonargparse import Namespace
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from project.checkpoints.loading import safe_load
-from project.checkpoints.sharded import is_sharded_checkpoint, read_checkpoint, read_summary
-from project.checkpoints.sharded.save import checkpoints_in, final_name, recover_swaps, remove_partial
+from project.checkpoints.formats import checkpoints_in, final_name, recover
+from project.checkpoints.loading import read_checkpoint, read_resumable
 from project.commands import COMMANDS
 from project.errors import UserError
 from project.run_store import active, local_copy
@@ -119,7 +118,7 @@ class Chosen:
 def _load_resumable(path: Path) -> tuple[dict[str, Any] | None, str]:
     """The checkpoint at ``path`` if it loads safely and holds a full training state; else the reason."""
     try:
-        checkpoint = read_summary(path) if is_sharded_checkpoint(path) else safe_load(path)
+        checkpoint = read_resumable(path)
     except UserError as error:
         return None, str(error)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "loops" not in checkpoint:
@@ -167,8 +166,7 @@ def remove_partial_writes(chosen: Chosen | None) -> None:
     that, another training may still be writing there, and its write in progress is not a leftover.
     """
     if chosen is not None and chosen.continues and rank_zero_only.rank == 0:
-        recover_swaps(Path(chosen.path).parent)  # a swap by renames a kill interrupted: the newest onto its name
-        remove_partial(Path(chosen.path).parent)  # files and sharded (FSDP) folders
+        recover(Path(chosen.path).parent)  # a swap a kill interrupted completed, partial files and folders deleted
 
 
 def choose_checkpoint(

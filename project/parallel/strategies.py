@@ -14,9 +14,9 @@ from project.plan.layout import Layout
 from project.plan.resolve import Plan
 from project.plan.strategies import STRATEGIES, StrategyRow
 
-#: The row of a run whose strategy is not the template's (``parallel: null``), by its Lightning class (the first
-#: match in its class's method resolution order); any other strategy shards nothing.
-LIGHTNING_ROWS = {"ModelParallelStrategy": "fsdp", "DDPStrategy": "ddp", "SingleDeviceStrategy": "single_device"}
+#: The row of a run whose strategy is not the template's (``parallel: null``), by its Lightning class (a row's
+#: ``lightning_class``, the first match in the class's method resolution order); any other strategy shards nothing.
+LIGHTNING_ROWS = {row.lightning_class: row for row in STRATEGIES.values() if row.lightning_class is not None}
 UNSHARDED = STRATEGIES["ddp"]
 #: The attribute a strategy built from a row carries its row name in, and the one it carries its layout in.
 ROW_ATTRIBUTE = "project_strategy_row"
@@ -58,15 +58,16 @@ def trainer_kwargs(plan: Plan) -> dict[str, Any]:
 def row_of(strategy: Any) -> StrategyRow:
     """What the running strategy does: its row when the template built it, else the row of its Lightning class.
 
-    A strategy given as ``trainer.strategy`` (``parallel: null``) that is Lightning's ``ModelParallelStrategy``
-    shards like the ``fsdp`` row (its module's ``configure_model`` applies ``fully_shard``).
+    A strategy given as ``trainer.strategy`` (``parallel: null``) acts like the row that names its Lightning class:
+    Lightning's ``ModelParallelStrategy`` shards like the sharding layer's ``fsdp`` row (its module's
+    ``configure_model`` applies ``fully_shard``).
     """
     name = getattr(strategy, ROW_ATTRIBUTE, None)
     if name in STRATEGIES:
         return STRATEGIES[name]
     for cls in type(strategy).__mro__:
         if cls.__name__ in LIGHTNING_ROWS:
-            return STRATEGIES[LIGHTNING_ROWS[cls.__name__]]
+            return LIGHTNING_ROWS[cls.__name__]
     return UNSHARDED
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from project.errors import UserError
+from project.layers import rows
 from project.plan.scenarios import SCENARIO_NAMES
 
 # The choices come from the scenario table, so a new scenario is a row there (jsonargparse reads the Literal).
@@ -13,49 +14,7 @@ Scenario = Literal[SCENARIO_NAMES]  # type: ignore[valid-type]
 Backend = Literal["auto", "nccl", "gloo"]
 LrScaling = Literal["none", "linear", "sqrt"]
 Launcher = Literal["auto", "ray"]
-Sharding = Literal["full", "grad_op", "hybrid"]
 Precision = Literal["32", "64", "bf16-mixed", "16-mixed"]
-#: A tensor-parallel style for the modules a plan pattern matches (torch.distributed.tensor.parallel's styles);
-#: ``sequence`` is refused with its reason (project.plan.tensor_plan).
-TensorStyle = Literal["colwise", "rowwise", "sequence"]
-PipelineSchedule = Literal["1f1b", "gpipe"]
-
-
-@dataclass
-class TensorParallel:
-    """The ``parallel.tensor_parallel`` subsection (docs/parallel.md, "Tensor parallelism").
-
-    Args:
-        size: Processes that split each layer's weights between them (the innermost degree: the ``size``
-            consecutive ranks of a group share their data). 1: off.
-        plan: ``auto`` (the template's GPT, and Linear pairs with only element-wise modules between them), or a
-            mapping from module-name patterns (``fnmatch``, e.g. ``"blocks.*.mlp.up"``) to ``colwise`` or
-            ``rowwise`` (``sequence`` is refused). A module with a ``parallelize(mesh)`` method parallelizes
-            itself.
-    """
-
-    size: int = 1
-    plan: str | dict[str, TensorStyle] = "auto"
-
-
-@dataclass
-class PipelineParallel:
-    """The ``parallel.pipeline_parallel`` subsection (docs/parallel.md, "Pipeline parallelism").
-
-    Args:
-        size: Pipeline stages: consecutive slices of the network, one per group of processes, each sending its
-            activations to the next (the outermost degree). 1: off.
-        schedule: ``1f1b`` (one forward, one backward: at most ``size`` micro-batches' activations held) or
-            ``gpipe`` (every forward, then every backward), torch.distributed.pipelining's schedules.
-        microbatches: Micro-batches each process's batch is cut into for the pipeline; ``None``: ``size``.
-        split_points: Names of the modules each stage after the first begins with (``["blocks.2"]``);
-            ``None``: the module's own ``pipeline_split_points(stages)``, or its repeated blocks split evenly.
-    """
-
-    size: int = 1
-    schedule: PipelineSchedule = "1f1b"
-    microbatches: int | None = None
-    split_points: list[str] | None = None
 
 
 @dataclass
@@ -70,36 +29,15 @@ class DdpOptions:
 
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
+    moved_from_flat = True  # not a field: the options were flat once (MOVED_FIELDS)
 
 
 @dataclass
-class FsdpOptions:
-    """The ``parallel.fsdp`` subsection: how ``fully_shard`` shards, and how sharded checkpoints are written.
-
-    Args:
-        sharding: full (parameters, gradients and optimizer state sharded) | grad_op (gradients and optimizer
-            state only) | hybrid (full within a node, replicated across nodes). Scenario fsdp only, as are
-            ``cpu_offload`` and ``wrap_modules``.
-        cpu_offload: Keep the sharded parameters and optimizer state in CPU memory.
-        wrap_modules: Class names (``Linear``) or import paths of the modules sharded as one unit each;
-            ``None`` shards the model's largest child modules as the plan shows.
-        async_save: Sharded checkpoints (fsdp, and tensor-parallel runs, which the same strategy builds): copy the
-            state in memory and write it in the background, at most one save in flight (training goes on while the
-            disk works); false: every rank waits for its write.
-    """
-
-    sharding: Sharding = "full"
-    cpu_offload: bool = False
-    wrap_modules: list[str] | None = None
-    async_save: bool = True
-
-
-@dataclass
-class ParallelConfig:
+class CoreParallelConfig:
     """The ``parallel`` config section.
 
-    Each strategy's own options sit in its subsection (``ddp``, ``fsdp``, ``tensor_parallel``,
-    ``pipeline_parallel``): they mean something to that strategy alone, so a reader sees which options a scenario
+    Each strategy's own options sit in its subsection (``ddp``, and each layer's own, :func:`with_subsections`):
+    they mean something to that strategy alone, so a reader sees which options a scenario
     reads, and a new strategy or degree adds a subsection, not more flat fields. What every strategy reads stays
     flat: the batch (global, per-device, accumulation, micro-batch, learning-rate scaling), the processes and their
     launcher (devices, num_nodes, backend, timeout_s, launcher), the model's precision and conversions that apply
@@ -140,12 +78,6 @@ class ParallelConfig:
         precision: 32 | 64 (float64 everywhere: equivalences without float noise) | bf16-mixed | 16-mixed (GPUs
             only): the Trainer's precision, owned by the plan.
         ddp: DDP's flags (``find_unused_parameters``, ``broadcast_buffers``).
-        fsdp: FSDP's sharding (``sharding``, ``cpu_offload``, ``wrap_modules``) and sharded checkpoints'
-            ``async_save``.
-        tensor_parallel: Tensor parallelism (``size``, ``plan``); with ``scenario: fsdp`` it is 2-D (FSDP over
-            the data-parallel degree, tensor parallel within each group).
-        pipeline_parallel: Pipeline parallelism (``size``, ``schedule``, ``microbatches``, ``split_points``):
-            the network cut into stages; with data parallelism each stage is replicated (ddp) or sharded (fsdp).
         cpu_threads: Intra-op threads of each CPU process; ``None``: the cores shared evenly among the
             processes of the node (``OMP_NUM_THREADS``, when set, stands).
         stop_signals: The signals that stop a fit at the same step on every rank, save that step and exit with
@@ -174,9 +106,6 @@ class ParallelConfig:
     stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"])
     stop_grace_s: float = 20.0
     ddp: DdpOptions = field(default_factory=DdpOptions)
-    fsdp: FsdpOptions = field(default_factory=FsdpOptions)
-    tensor_parallel: TensorParallel = field(default_factory=TensorParallel)
-    pipeline_parallel: PipelineParallel = field(default_factory=PipelineParallel)
 
     def __post_init__(self) -> None:
         # The parser hands a subsection over as a mapping (``Namespace.as_dict``).
@@ -185,18 +114,39 @@ class ParallelConfig:
                 setattr(self, name, kind(**getattr(self, name)))
 
 
-#: The subsections of ``parallel``, by field name.
-SUBSECTIONS: dict[str, Any] = {
-    "ddp": DdpOptions,
-    "fsdp": FsdpOptions,
-    "tensor_parallel": TensorParallel,
-    "pipeline_parallel": PipelineParallel,
-}
+#: The subsections of ``parallel``, by field name: the core's ``ddp``, then each installed layer's.
+SUBSECTIONS: dict[str, Any] = {"ddp": DdpOptions, **rows("parallel")}
 #: The flat names of earlier versions -> their place now (``sharding`` -> ``fsdp.sharding``): the parser's error for
-#: an old name says its new one (project.config_errors).
+#: an old name says its new one (project.config_errors). A subsection whose options were flat once says so
+#: (``moved_from_flat = True``, a class attribute).
 MOVED_FIELDS: dict[str, str] = {
-    option.name: f"{name}.{option.name}" for name in ("ddp", "fsdp") for option in fields(SUBSECTIONS[name])
+    option.name: f"{name}.{option.name}"
+    for name, kind in SUBSECTIONS.items()
+    if getattr(kind, "moved_from_flat", False)
+    for option in fields(kind)
 }
+
+
+def with_subsections(base: type, subsections: dict[str, Any]) -> type:
+    """``ParallelConfig``: the core's fields and, after them, each layer's subsection as a typed field.
+
+    A dataclass still (jsonargparse reads its fields and docstring, so ``--parallel.fsdp.sharding`` parses as
+    typed); its docstring lists each added subsection by the first line of the subsection's own.
+    """
+    added = {name: kind for name, kind in subsections.items() if not any(f.name == name for f in fields(base))}
+    doc = str(base.__doc__).rstrip()
+    for name, kind in added.items():
+        doc += f"\n        {name}: {str(kind.__doc__).strip().splitlines()[0]}"
+    return make_dataclass(
+        "ParallelConfig",
+        [(name, kind, field(default_factory=kind)) for name, kind in added.items()],
+        bases=(base,),
+        namespace={"__doc__": doc + "\n    ", "__module__": __name__},
+    )
+
+
+#: The ``parallel`` section of this checkout (:class:`CoreParallelConfig` and each installed layer's subsections).
+ParallelConfig: Any = with_subsections(CoreParallelConfig, SUBSECTIONS)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from project.errors import UserError
+from project.layers import hooks
 from project.plan.config import Hardware, ParallelConfig
-from project.plan.degrees import pipeline_degree, tensor_degree
 from project.plan.devices import DeviceRequest, cpu_processes, gpu_ids, parse_devices
 from project.plan.environment import LaunchEnvironment
 from project.plan.scenarios import AUTO_SCENARIO, SCENARIOS
@@ -215,10 +215,10 @@ def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: Laun
             f"the plan has world size {world_size} (devices {per_node} x nodes {num_nodes}) but {external} "
             f"set WORLD_SIZE={environment.world_size}; make parallel.devices x parallel.num_nodes match"
         )
-    tp = tensor_degree(config, scenario, world_size)
-    pp = pipeline_degree(config, scenario, world_size)
-    data_parallel = world_size // (tp * pp)
-    if SCENARIOS[scenario].data_parallel == "shard":  # over every process, or (hybrid) within a node
-        replicate = num_nodes if config.fsdp.sharding == "hybrid" else 1
-        return Layout(scenario, accelerator, devices, num_nodes, replicate, data_parallel // replicate, tp, pp)
-    return Layout(scenario, accelerator, devices, num_nodes, dp_replicate=data_parallel, tp=tp, pp=pp)
+    if SCENARIOS[scenario].data_parallel == "shard":  # every process a shard
+        layout = Layout(scenario, accelerator, devices, num_nodes, dp_replicate=1, dp_shard=world_size)
+    else:
+        layout = Layout(scenario, accelerator, devices, num_nodes, dp_replicate=world_size)
+    for with_degrees in hooks("degrees"):  # the model-parallel degrees a layer's subsection asks for, checked
+        layout = with_degrees(config, layout)
+    return layout

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from project.dotted import import_object
 from project.plan.batch import BatchRequest, batch_fields
 from project.plan.config import Hardware, ParallelConfig, refuse_unknown_choices
 from project.plan.environment import LaunchEnvironment, requested_launcher
@@ -183,7 +184,7 @@ def resolve_plan(
     return Plan(
         layout=layout,
         strategy=strategy,
-        strategy_args=STRATEGIES[strategy].args(config, start_method),
+        strategy_args=import_object(STRATEGIES[strategy].args)(config, start_method),
         **batch,
         backend=backend,
         launcher=environment.launcher if (external or layout.world_size > 1) else "none",

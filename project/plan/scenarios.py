@@ -23,7 +23,7 @@ class Scenario:
     forks_itself: bool = False
     #: How the data-parallel degree is made: every process a replica (DDP), or shards (fsdp: ``dp_shard``).
     data_parallel: Literal["replicate", "shard"] = "replicate"
-    #: The degrees it composes with (``tp``: tensor parallelism; ``pp``: pipeline stages).
+    #: The degrees it composes with (``tp``: tensor parallelism; ``pp``: pipeline stages; a layer's ``degrees``).
     composes: tuple[str, ...] = ()
     #: The training loader's ``batch_size`` is the global batch, split over the GPUs (DataParallel's scatter).
     data_batch_is_global: bool = False
@@ -32,19 +32,21 @@ class Scenario:
     max_gpus: int | None = None
 
 
-#: ``auto`` is not a row: it becomes ``ddp``, ``single`` or ``cpu`` for the machine (project.plan.layout).
-SCENARIOS: dict[str, Scenario] = {
+#: The core's rows; each layer adds its own (a layer's ``scenarios``). ``auto`` is not a row: it becomes ``ddp``,
+#: ``single`` or ``cpu`` for the machine (project.plan.layout).
+CORE_SCENARIOS: dict[str, Scenario] = {
     "cpu": Scenario("cpu", "ddp", composes=("tp", "pp")),
     "single": Scenario("gpu", "single_device", max_gpus=1),
     # dp runs as DDP: Lightning removed DataParallel; the plan keeps DP's batch meaning.
     "dp": Scenario("gpu", "ddp", data_batch_is_global=True, max_nodes=1),
     "ddp": Scenario("gpu", "ddp", composes=("tp", "pp")),
     "fork": Scenario("any", "ddp_fork", forks_itself=True),
-    # fsdp composes with tensor parallelism (2-D); FSDP-sharded pipeline stages are not built yet.
-    "fsdp": Scenario("any", "fsdp", data_parallel="shard", composes=("tp",)),
-    # DDP whose optimizer state is sharded over the ranks (ZeroRedundancyOptimizer): project/parallel/zero1.py.
-    "zero1": Scenario("any", "zero1"),
 }
+# At the end of the module: a layer's rows are Scenario instances, so its module imports this one first.
+from project.layers import rows  # noqa: E402
+
+#: Every scenario of this checkout: the core's, then each installed layer's.
+SCENARIOS: dict[str, Scenario] = {**CORE_SCENARIOS, **rows("scenarios")}
 #: The value of ``parallel.scenario`` that is not a row: the machine decides (project.plan.layout.resolve_scenario).
 AUTO_SCENARIO = "auto"
 #: Every value ``parallel.scenario`` takes.

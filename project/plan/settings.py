@@ -5,10 +5,10 @@ from __future__ import annotations
 import signal
 
 from project.errors import UserError
+from project.layers import hooks
 from project.plan.config import ParallelConfig
 from project.plan.layout import Layout
 from project.plan.precision import check_precision
-from project.plan.scenarios import SCENARIOS
 
 
 def resolve_backend(config: ParallelConfig, layout: Layout) -> str | None:
@@ -35,57 +35,8 @@ def resolve_backend(config: ParallelConfig, layout: Layout) -> str | None:
     return backend
 
 
-def _sharding_notes(config: ParallelConfig, layout: Layout, strategy: str, start_method: str) -> list[str]:
-    """The ``parallel.fsdp`` fields checked against the layout, and what the plan says about them.
-
-    Raises:
-        UserError: an fsdp field with another scenario, hybrid on one node, fsdp in a notebook.
-    """
-    fsdp = config.fsdp
-    fields = {"sharding": "full", "cpu_offload": False, "wrap_modules": None}
-    if SCENARIOS[layout.scenario].data_parallel != "shard":
-        for name, default in fields.items():
-            if getattr(fsdp, name) != default:
-                raise UserError(
-                    f"parallel.fsdp.{name}={getattr(fsdp, name)!r} applies to scenario fsdp only, and this plan's "
-                    f"scenario is {layout.scenario!r}; drop it, or set parallel.scenario: fsdp"
-                )
-        return []
-    if fsdp.sharding == "hybrid" and layout.num_nodes < 2:
-        raise UserError(
-            f"parallel.fsdp.sharding='hybrid' shards within a node and replicates across nodes, but num_nodes="
-            f"{layout.num_nodes}; use sharding full (or grad_op) on one node, or set parallel.num_nodes > 1"
-        )
-    if layout.world_size == 1:
-        return [
-            "fsdp on one process: nothing to shard, it runs on a single device and writes plain checkpoint files "
-            "(sharding, cpu_offload and wrap_modules apply from 2 processes); it resumes sharded checkpoints"
-        ]
-    if start_method == "fork":
-        raise UserError(
-            "scenario fsdp starts its processes by running the command again, which an interactive session "
-            "cannot; run it from a terminal, or use scenario fork (DDP) here"
-        )
-    what = {
-        "full": "parameters, gradients and optimizer state",
-        "grad_op": "gradients and optimizer state (parameters stay gathered from forward to backward)",
-        "hybrid": "parameters, gradients and optimizer state",
-    }[fsdp.sharding]
-    across = (
-        f"within each node ({layout.dp_shard} processes), replicated across {layout.dp_replicate} nodes"
-        if fsdp.sharding == "hybrid"
-        else f"over all {layout.dp_shard} processes"
-    )
-    notes = [f"fsdp {fsdp.sharding}: {what} sharded {across}; checkpoints are sharded folders"]
-    if layout.accelerator == "cpu":
-        notes.append("fsdp on CPU processes over gloo (no GPU visible): the same FSDP2 code as on GPUs")
-        if fsdp.cpu_offload:
-            notes.append("cpu_offload on CPU processes changes nothing: the parameters are in host memory already")
-    return notes
-
-
 def setting_notes(config: ParallelConfig, layout: Layout, strategy: str, start_method: str) -> list[str]:
-    """The notes that do not depend on the batch: buffers, precision, compile, sharding, start method."""
+    """The notes that do not depend on the batch: buffers, precision, compile, each layer's, start method."""
     notes: list[str] = []
     if layout.world_size > 1 and not config.ddp.broadcast_buffers:
         notes.append("ddp.broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs")
@@ -97,7 +48,8 @@ def setting_notes(config: ParallelConfig, layout: Layout, strategy: str, start_m
             "compile: torch.compile (inductor) is applied in place to the module's networks after the strategy "
             "wraps the model; the first training and evaluation steps include compilation"
         )
-    notes += _sharding_notes(config, layout, strategy, start_method)
+    for layer_notes in hooks("plan_notes"):  # a layer's subsection checked against the layout (sharding: fsdp)
+        notes += layer_notes(config, layout, strategy, start_method)
     if layout.world_size > 1 and start_method == "fork":
         notes.append("interactive session: processes are started by fork")
     return notes

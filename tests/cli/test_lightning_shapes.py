@@ -5,7 +5,6 @@
 - The final step of a fit is always in ``last.ckpt``; a fit whose validation never ran says so in one line.
 - Lightning's own layout flags without a ``parallel:`` section say, in one line, that the guarantees are off.
 - ``plan`` runs no ``prepare_data`` (a download writes files): it writes nothing, and says what it could not know;
-  ``configs/parallel/fsdp.yaml`` plans on CPU processes (backend auto: gloo there).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import CONFIGS, DIGITS, FAST, assert_clean_error, run_cli
+from helpers import DIGITS, FAST, assert_clean_error, run_cli
 
 TWO_LOADERS = """
 model:
@@ -132,11 +131,3 @@ def test_plan_runs_no_prepare_data_writes_nothing_and_says_what_it_could_not_kno
     again = run_cli(["plan", "--config", DIGITS, *data, "--json"], tmp_path)
     assert again.returncode == 0 and sorted(str(p) for p in tmp_path.rglob("*")) == before
     assert not [n for n in json.loads(again.stdout.splitlines()[-1])["notes"] if "not built" in n]
-
-
-def test_the_fsdp_config_plans_on_cpu_processes_with_gloo(tmp_path):
-    fsdp = str(CONFIGS / "parallel" / "fsdp.yaml")
-    result = run_cli(["plan", "--config", DIGITS, "--config", fsdp, "--parallel.devices", "2", "--json"], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    plan = json.loads(result.stdout.splitlines()[-1])
-    assert plan["backend"] == "gloo" and plan["scenario"] == "fsdp" and plan["world_size"] == 2

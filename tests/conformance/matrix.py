@@ -11,17 +11,23 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from helpers import CONFIGS, REPO
+from helpers import CONFIGS, REPO, has_layer
 
 BASE = str(REPO / "tests" / "conformance" / "base.yaml")
 PACKAGE = "conformance."
 
 # The layouts: the 1-process run is the reference of check (a); kill+resume (b) runs on the 2-process DDP layout.
-LAYOUTS: dict[str, tuple[str, ...]] = {
+ALL_LAYOUTS: dict[str, tuple[str, ...]] = {
     "1 process": (),
     "ddp, 2 processes": ("--config", str(CONFIGS / "parallel" / "cpu_ddp.yaml")),
-    "fsdp, 2 processes": ("--config", str(CONFIGS / "parallel" / "cpu_fsdp.yaml")),
-    "zero1, 2 processes": ("--config", str(CONFIGS / "parallel" / "zero1.yaml")),
+    "fsdp, 2 processes": ("--config", str(CONFIGS / "sharding" / "cpu_fsdp.yaml")),
+    "zero1, 2 processes": ("--config", str(CONFIGS / "sharding" / "zero1.yaml")),
+}
+#: The layer a layout's scenario belongs to (the others are the core's): its column runs where the layer is installed.
+LAYOUT_LAYERS = {"fsdp, 2 processes": "sharding", "zero1, 2 processes": "sharding"}
+#: The layouts the lane runs: the core's, and those of the installed layers.
+LAYOUTS = {
+    name: args for name, args in ALL_LAYOUTS.items() if name not in LAYOUT_LAYERS or has_layer(LAYOUT_LAYERS[name])
 }
 REFERENCE, RESUME_LAYOUT = "1 process", "ddp, 2 processes"
 CHECKS = {

@@ -19,6 +19,8 @@ import torch
 from conformance.matrix import BASE, LAYOUTS, REFERENCE, RESUME_LAYOUT, Feature, callback
 from conformance.shapes_data import VAL
 
+from project.checkpoints.loading import read_weights
+
 from helpers import run_cli, run_dirs
 
 RESULTS_ENV = "CONFORMANCE_RESULTS"  # the folder each cell's verdict is written to (conftest.py sets it)
@@ -63,17 +65,12 @@ class Run:
         return _line(f"exit {self.result.returncode}: {last}")
 
     def checkpoint(self) -> dict[str, Any]:
-        """``last.ckpt`` of the run's directory: a file, or an fsdp folder merged here."""
-        from project.checkpoints.sharded import is_sharded_checkpoint
-        from project.checkpoints.sharded.merge import load_full_checkpoint
-
+        """``last.ckpt`` of the run's directory: a file, or a layer's folder (fsdp's shards) merged here."""
         found = run_dirs(self.cwd, "conformance")  # the fit's is the first (a resume continues it; predict adds one)
         path = found[0] / "checkpoints" / "last.ckpt" if found else self.cwd / "missing"
         if not path.exists():
             raise CellFails(f"no last.ckpt in {path.parent}")
-        if is_sharded_checkpoint(path):
-            return load_full_checkpoint(path, weights_only=True)
-        return torch.load(path, weights_only=True)
+        return read_weights(path)
 
     def records(self, kind: str) -> list[list[str]]:
         """The lines the module wrote to ``seen/<kind>-rank<r>.txt``, split, every rank's."""

@@ -177,25 +177,15 @@ CASES = {
     "run-version-is-a-path": Case(
         ("fit", *BASE, "--trainer.logger.init_args.version", "../version_9"), ("run version '../version_9'",)
     ),
-    "tensor-parallel-size-not-a-number": Case(
-        ("fit", *BASE, "--parallel.tensor_parallel.size", "abc"),
-        ("parallel.tensor_parallel.size='abc' is not a whole number",),
-        absent=("Parser key", "Union"),
-    ),
     "micro-batch-not-a-number": Case(
         ("fit", *BASE, "--parallel.micro_batch", "abc"),
         ("parallel.micro_batch='abc' is not a whole number, 'auto' or null",),
         absent=("Parser key", "Union"),
     ),
-    "sharded-checkpoint-without-metadata": Case(
-        ("test", *BASE, "--ckpt_path", "{tmp}/shards.ckpt"),
-        ("shards.ckpt", "incomplete sharded", "no .metadata"),
-        absent=("give a file inside it",),
-    ),
     # Issue 35: each strategy's options moved into its subsection; an old flat name says its new one.
     "old-flat-name-on-the-command-line": Case(
-        ("fit", *BASE, "--parallel.sharding", "hybrid"),
-        ("parallel.sharding is now parallel.fsdp.sharding", "write --parallel.fsdp.sharding"),
+        ("fit", *BASE, "--parallel.find_unused_parameters", "true"),
+        ("parallel.find_unused_parameters is now parallel.ddp.find_unused_parameters", "write --parallel.ddp."),
         absent=("unknown option",),
     ),
     "old-flat-name-in-a-config-file": Case(
@@ -203,13 +193,8 @@ CASES = {
         ("parallel.broadcast_buffers is now parallel.ddp.broadcast_buffers", "`broadcast_buffers:` under `ddp:`"),
         absent=("unknown option",),
     ),
-    "option-of-another-subsection-in-a-config-file": Case(
-        ("fit", *BASE, "--config", "{tmp}/wrong_subsection.yaml"),
-        ("unknown option 'sharding' in parallel.ddp; it is parallel.fsdp.sharding",),
-        absent=("is not ParallelConfig",),
-    ),
     "unknown-subsection-option-on-the-command-line": Case(
-        ("fit", *BASE, "--parallel.fsdp.shards", "2"), ("unknown option 'shards' in parallel.fsdp",)
+        ("fit", *BASE, "--parallel.ddp.shards", "2"), ("unknown option 'shards' in parallel.ddp",)
     ),
     # Issue 44: the user's own class path that does not import says which module failed and why.
     "own-class-name-typo": Case(
@@ -311,13 +296,10 @@ def run_case(name: str, case: Case, template: Path, root: Path) -> dict:
     (cwd / "net_attribute.yaml").write_text(NET_ATTRIBUTE_YAML)
     (cwd / "model_attribute.yaml").write_text(MODEL_ATTRIBUTE_YAML)
     (cwd / "old_names.yaml").write_text("parallel:\n  scenario: cpu\n  broadcast_buffers: false\n")
-    (cwd / "wrong_subsection.yaml").write_text("parallel:\n  ddp:\n    sharding: full\n")
-    for file, text in {**USER_MODULES, **LAYER_FILES}.items():
+    for file, text in {**USER_MODULES, **LAYER_FILES}.items():  # a layer's files, in folders of their own too
+        (cwd / file).parent.mkdir(parents=True, exist_ok=True)
         (cwd / file).write_text(text)
     (cwd / "loop.ckpt").symlink_to(cwd / "loop.ckpt")
-    (cwd / "shards.ckpt").mkdir()  # a sharded checkpoint's shards and meta.pt, without DCP's .metadata
-    for name in ("__0_0.distcp", "__1_0.distcp", "meta.pt"):
-        (cwd / "shards.ckpt" / name).write_bytes(b"\0" * 16)
     legacy = {f"module.{k}": v for k, v in DigitsNet().state_dict().items()}
     torch.save({**legacy, "module.extra.weight": torch.zeros(3)}, cwd / "legacy_ddp.pt")
     before = snapshot(cwd / "logs")

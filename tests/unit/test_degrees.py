@@ -1,6 +1,7 @@
-"""Degrees drive everything: a layout with tensor parallelism (tp = 2), planned on paper, makes the samplers deal
-over the data-parallel ranks (dp = world / 2), the batch math count dp ranks, the memory table divide by dp, and the
-sharded strategy's mesh take (dp, tp). No process is started: what each rank would do is computed for every rank."""
+"""Degrees drive everything: a layout with a model-parallel degree (tp = 2, as a layer's degrees hook makes it),
+planned on paper, makes the samplers deal over the data-parallel ranks (dp = world / 2) and the batch math count dp
+ranks. No process is started: what each rank would do is computed for every rank. (The memory table and the sharded
+strategy's mesh: the sharding layer's tests/extras/sharding/unit/test_sharded_degrees.py.)"""
 
 from __future__ import annotations
 
@@ -9,16 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.errors import UserError
-from project.parallel.fsdp.strategy import build as build_fsdp
 from project.parallel.samplers import GlobalBatchSampler
 from project.plan.environment import LaunchEnvironment
 from project.plan.layout import Layout
-from project.plan.memory import estimate
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 from project.run_state import RunState
 
@@ -67,25 +65,3 @@ def test_the_sampler_deals_over_the_data_parallel_ranks():
     alone = list(GlobalBatchSampler(range(64), 16, shuffle=True, seed=samplers[0].seed))
     side_by_side = [i for k in range(4) for shard in (drawn[0], drawn[2]) for i in shard[k * 8 : (k + 1) * 8]]
     assert side_by_side == alone  # dp = 2 ranks draw one process's global batches of 16
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
-
-
-def test_memory_divides_by_the_data_parallel_degree():
-    section = {"class_path": "torch.optim.Adam"}
-    memory = estimate(Net(), section, planned="ddp", layout=TP_2, sharding="full", cpu_offload=False, precision="32")
-    rows = memory["per_device"]
-    assert rows["zero1"]["shard_degree"] == 2 and rows["fsdp"]["shard_degree"] == 2
-    full = rows["ddp"]["optimizer_state"]["bytes"]
-    assert rows["zero1"]["optimizer_state"]["bytes"] == full // 2
-    assert rows["zero1"]["parameters"] == rows["ddp"]["parameters"]
-
-
-def test_the_sharded_strategy_mesh_takes_the_layout_degrees():
-    plan = paper_plan(scenario="fsdp")
-    strategy = build_fsdp(plan.strategy_args, plan.backend, plan.layout)
-    assert strategy.degrees == (2, 2)

@@ -20,9 +20,10 @@ PACKAGE = ROOT / "project"
 #: Bottom to top; a module may import from its own floor and the floors below. Longest prefix wins.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("project.errors", "project.config_errors", "project.parser_stubs", "project.data", "project.dotted"),
-    ("project.plan",),
-    # The command table reads the layers' rows (project.layers lists project/extras/ on disk, naming no layer).
+    # The tables read the layers' rows (project.layers lists project/extras/ on disk, naming no layer): the plan's
+    # scenarios, strategies and parallel subsections, and the command table.
     ("project.layers",),
+    ("project.plan",),
     # The command table (standard library only) reads the command line below anything that starts processes.
     ("project.launch",),
     ("project.commands",),

@@ -38,16 +38,6 @@ def test_lightnings_wrappers_keep_the_module_where_unwrap_looks():
     assert L.__version__ == "2.6.6", "a new Lightning: re-check every name in project/lightning_private.py"
 
 
-def test_model_parallel_strategy_builds_its_mesh_from_the_sizes_set_mesh_sizes_sets():
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
-    strategy = ModelParallelStrategy()
-    lightning_private.set_mesh_sizes(strategy, 8, 1)
-    source = inspect.getsource(ModelParallelStrategy.setup_environment)
-    for name, size in zip(lightning_private.MESH_SIZE_ATTRIBUTES, (8, 1)):
-        assert getattr(strategy, name) == size and f"self.{name}" in source
-
-
 def test_no_other_module_of_the_project_uses_a_private_lightning_name():
     private = re.compile(r"from lightning[\w.]* import [^\n]*\b_\w+|lightning[\w.]*\._\w+")
     offenders = [

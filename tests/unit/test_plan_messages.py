@@ -78,12 +78,6 @@ def test_a_refused_config_ends_with_its_fix(gpus, fields, start, end):
     assert message.startswith(start) and message.endswith(end), message
 
 
-def test_fsdp_in_a_notebook_points_to_fork(monkeypatch):
-    monkeypatch.setattr("sys.ps1", ">>> ", raising=False)
-    message = error(plan, 0, scenario="fsdp", devices=2)
-    assert message.endswith("cannot; run it from a terminal, or use scenario fork (DDP) here"), message
-
-
 def test_a_stray_rank_says_what_is_missing_and_the_fix():
     message = error(refuse_stray_rank, detect_environment({"RANK": "3"}))
     assert "(no LOCAL_RANK, TORCHELASTIC_RUN_ID or SLURM job): it would run as rank 3" in message, message
@@ -126,21 +120,3 @@ def test_the_setting_notes_say_the_consequence():
     notes = plan(0, scenario="cpu", devices=2, ddp={"broadcast_buffers": False}, compile=True).notes
     assert "ddp.broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs" in notes
     assert notes[-1].endswith("wraps the model; the first training and evaluation steps include compilation")
-    one = plan(0, scenario="fsdp", devices=1).notes[-1]
-    assert one.endswith(
-        "(sharding, cpu_offload and wrap_modules apply from 2 processes); it resumes sharded checkpoints"
-    ), one
-    hybrid = plan(0, scenario="fsdp", devices=2, num_nodes=2, fsdp={"sharding": "hybrid"}).notes
-    assert any(
-        note.startswith("fsdp hybrid: parameters, gradients and optimizer state sharded within each node")
-        for note in hybrid
-    ), hybrid
-
-
-def test_an_optimizer_that_is_not_there_is_said_so():
-    from torch import nn
-
-    from project.plan.optimizer_count import count_optimizer
-
-    source = count_optimizer(nn.Linear(2, 2), None).source
-    assert source.endswith("(no optimizer in the config or configure_optimizers())"), source

@@ -173,7 +173,7 @@ class GPT(nn.Module):
         if steps > self.block_size:
             raise ValueError(f"a sequence of {steps} tokens is longer than block_size={self.block_size}")
         if isinstance(self.tok_emb, nn.Identity):
-            # A later pipeline stage (project.parallel.pipeline): its input is the previous stage's hidden state.
+            # A later pipeline stage (the sharding layer's pipeline): its input is the previous stage's hidden state.
             x = idx
         else:
             positions = torch.arange(steps, device=idx.device)

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from project.checkpoints.atomic import atomic_torch_save
-from project.checkpoints.sharded import is_sharded_checkpoint
-from project.checkpoints.sharded.merge import load_full_checkpoint
 from project.errors import UserError
+from project.extras.sharding.checkpoints import is_sharded_checkpoint
+from project.extras.sharding.checkpoints.merge import load_full_checkpoint
 from project.run_store import is_url, local_copy
 
 USAGE = "python -m project consolidate CKPT_DIR [--out FILE] [--weights_only]"
@@ -64,7 +64,9 @@ def consolidate(args: list[str]) -> Path:
     named = Path(options.checkpoint.rstrip("/").rsplit("/", 1)[-1]) if is_url(options.checkpoint) else None
     out = Path(options.out) if options.out else default_output(named or Path(options.checkpoint))
     _check_output(out)
-    folder = Path(local_copy(options.checkpoint, "consolidate"))  # a URL: its committed copy, pulled
+    folder = Path(
+        local_copy(options.checkpoint, "consolidate")
+    )  # a URL: its committed copy, pulled into the scratch cache
     if not is_sharded_checkpoint(folder):
         what = "a file" if folder.is_file() else "not a sharded checkpoint folder" if folder.exists() else "missing"
         raise UserError(

@@ -49,7 +49,7 @@ class KillAfterOwnShards(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Note each save's step by its token (training thread); kill after the upload (writer thread)."""
-        from project.checkpoints.sharded import save as sharded_save
+        from project.extras.sharding.checkpoints import save as sharded_save
         from project.extras.storage import shards
 
         partial_name, upload_own = sharded_save.partial_name, shards.upload_own

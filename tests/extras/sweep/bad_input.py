@@ -13,12 +13,12 @@ CASES = {
         needles=(
             "old_space.yaml",
             "does not take the sweep's keys",
-            "parallel.async_save is now parallel.fsdp.async_save",
+            "parallel.broadcast_buffers is now parallel.ddp.broadcast_buffers",
         ),
     ),
 }
 #: The files the cases read, written into each case's folder.
 FILES = {
     "typo.yaml": "parameters:\n  optimizer.init_args.learning_rate: {type: float, low: 0.1, high: 1}",
-    "old_space.yaml": "parameters:\n  parallel.async_save: {type: categorical, choices: [true, false]}",
+    "old_space.yaml": "parameters:\n  parallel.broadcast_buffers: {type: categorical, choices: [true, false]}",
 }

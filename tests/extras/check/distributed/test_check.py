@@ -57,6 +57,7 @@ def test_check_on_two_processes_with_lightnings_launcher(tmp_path):
 
 
 def test_check_runs_its_invariance_probe_under_the_tensor_parallel_layout(tmp_path):
+    pytest.importorskip("project.extras.sharding")  # tensor parallelism is the sharding layer's
     tp = ["--parallel.tensor_parallel.size", "2", "--model.init_args.net.init_args.batch_norm", "false"]
     result = run_cli([*CHECK, "--config", CPU_DDP, *tp, "--out", "check.json"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -27,7 +27,7 @@ from project.launch import ranks
 from project.plan.environment import detect_environment
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 
-from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, run_cli, run_dirs, two_at_a_time
+from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, has_layer, run_cli, run_dirs, two_at_a_time
 
 PARALLEL = CONFIGS / "parallel"
 SHORT = ["--config", FAST, "--trainer.max_steps", "3", "--test_after_fit", "false"]
@@ -71,7 +71,6 @@ TABLE = {
     "null-then-an-override-starts-afresh": (["fit", *D, *C, "--config", "{null}", "--parallel.devices", "2"], 2),
     "devices-as-a-yaml-string": (["fit", *D, *C, "--config", "{quoted}"], 2),
     "gpu-ids": (["fit", *D, *C, "--config", "{ids}"], None),
-    "cpu-fsdp": (["fit", *D, "--config", str(PARALLEL / "cpu_fsdp.yaml")], 2),
     "fork-starts-its-own": (["fit", *D, "--config", str(PARALLEL / "fork.yaml")], None),
     "ddp-needs-gpus": (["fit", *D, "--config", str(PARALLEL / "ddp.yaml")], None),
     "two-nodes": (["fit", *D, *C, "--parallel.num_nodes", "2"], None),
@@ -98,6 +97,8 @@ TABLE = {
     "subsection-in-a-file": (["fit", *D, *C, "--config", "{subsection}"], 2),
     "old-flat-name": (["fit", *D, *C, "--parallel.broadcast_buffers", "false"], None),
 }
+if has_layer("sharding"):  # a scenario on the GPUs when there are some, else CPU processes: the layer's fsdp
+    TABLE["cpu-fsdp"] = (["fit", *D, "--config", str(CONFIGS / "sharding" / "cpu_fsdp.yaml")], 2)
 # Rows whose answer is a count, which the real parser and plan must agree with.
 COUNTED = [name for name, (_, expected) in TABLE.items() if expected is not None]
 
@@ -121,8 +122,14 @@ def test_the_pre_parse_reads_what_it_is_sure_of(files, name):
         ({"PROJECT_EARLY_LAUNCH": "0"}, False, CPU_DDP, None),
         ({"JSONARGPARSE_DEFAULT_ENV": "true"}, False, CPU_DDP, None),
         ({}, True, CPU_DDP, 2),  # scenario cpu: CPU processes next to GPUs too
-        ({}, True, str(PARALLEL / "cpu_fsdp.yaml"), None),  # fsdp would run on the GPUs
-        ({"CUDA_VISIBLE_DEVICES": ""}, None, str(PARALLEL / "cpu_fsdp.yaml"), 2),  # every GPU hidden
+        *(
+            [
+                ({}, True, str(CONFIGS / "sharding" / "cpu_fsdp.yaml"), None),  # fsdp would run on the GPUs
+                ({"CUDA_VISIBLE_DEVICES": ""}, None, str(CONFIGS / "sharding" / "cpu_fsdp.yaml"), 2),  # GPUs hidden
+            ]
+            if has_layer("sharding")  # the layer's scenario fsdp
+            else []
+        ),
     ],
 )
 def test_the_pre_parse_leaves_other_launchers_and_gpus_alone(environ, gpus, config, expected):

@@ -27,10 +27,9 @@ from project.extras.export.export_program import export_program, load_program
 from project.extras.export.program_check import check_program_file
 from project.extras.export.program_inputs import InputRecorder
 
-from helpers import CONFIGS, DIGITS, FAST, cli_env, read_scalars, run_cli, run_dirs, two_at_a_time
+from helpers import DIGITS, FAST, cli_env, read_scalars, run_cli, run_dirs, two_at_a_time
 
 SHORT = ["--config", DIGITS, "--config", FAST, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4"]
-CPU_FSDP = str(CONFIGS / "parallel" / "cpu_fsdp.yaml")
 Fit = tuple[subprocess.CompletedProcess[str], Path]
 
 
@@ -95,20 +94,6 @@ def test_a_network_torch_export_cannot_capture_keeps_its_run_and_its_state_dict(
     load_weights(GatedNet(32), export / "model.pt")
     with pytest.raises(UserError, match=r"holds the state dict model\.pt of user_nets\.GatedNet only"):
         rebuild(export)
-
-
-@pytest.mark.distributed
-def test_a_sharded_network_built_in_init_exports_its_state_dict_with_one_warning(tmp_path):
-    result = run_cli(["fit", *SHORT, "--config", CPU_FSDP, "--model", "user_nets.SequentialClassifier"], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert [w for w in warnings if "model.pt2" in w] == [
-        "warning: no export/model.pt2: torch.nn.modules.container.Sequential is sharded over the processes: it "
-        "is not exported as a program; export/ holds the state dict model.pt only (build the network in your code "
-        "and load it with project.export.load_weights)"
-    ]
-    (run,) = run_dirs(tmp_path)
-    load_weights(SequentialClassifier().net, run / "export" / "model.pt")
 
 
 class Branches(nn.Module):

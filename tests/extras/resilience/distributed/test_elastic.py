@@ -21,13 +21,26 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.checkpoints.sharded import read_checkpoint
-from project.checkpoints.sharded.merge import checkpoint_weights
+from project.checkpoints.loading import checkpoint_weights, read_checkpoint
 from project.extras.resilience.elastic.callback import read_membership
 
-from helpers import CPU_DDP, DIGITS, FAST, REPO, cli_env, every_10_steps, free_port, read_scalars, run_cli, run_dirs
+from helpers import (
+    CPU_DDP,
+    DIGITS,
+    FAST,
+    REPO,
+    cli_env,
+    every_10_steps,
+    free_port,
+    has_layer,
+    read_scalars,
+    run_cli,
+    run_dirs,
+)
 
-CPU_FSDP = str(REPO / "configs" / "parallel" / "cpu_fsdp.yaml")
+CPU_FSDP = str(REPO / "configs" / "sharding" / "cpu_fsdp.yaml")
+#: fsdp and tensor parallelism are the sharding layer's.
+SHARDING = pytest.mark.skipif(not has_layer("sharding"), reason="the sharding layer is stripped")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # No dropout or batch norm: 2 and 4 processes of the same global batch compute the same steps.
 SAME = [
@@ -158,6 +171,7 @@ def test_ddp_loses_a_node_goes_on_at_two_grows_back_to_four_and_ends_as_an_unint
 
 @pytest.mark.distributed
 @pytest.mark.slow
+@SHARDING
 def test_fsdp_loses_a_node_redoes_at_most_the_checkpoint_interval_and_ends_as_an_uninterrupted_run(
     tmp_path, uninterrupted_two
 ):
@@ -205,6 +219,7 @@ def test_a_loss_that_leaves_fewer_than_min_nodes_ends_the_job_in_one_line(tmp_pa
 
 
 @pytest.mark.distributed
+@SHARDING
 def test_a_loss_that_leaves_a_world_the_layout_cannot_hold_ends_the_job_in_one_line(tmp_path):
     # Tensor parallelism over all 4 processes: 2 survivors cannot hold a tensor-parallel group of 4.
     layout = ["--config", CPU_DDP, "--parallel.tensor_parallel.size", "4"]

@@ -20,7 +20,7 @@ import pytest
 import torch
 from storage_server import FAKE_KEY_ID, FAKE_SECRET, s3_server
 
-from helpers import CPU_DDP, FAST, cli_env, every_10_steps, free_port, run_cli
+from helpers import CPU_DDP, FAST, cli_env, every_10_steps, free_port, has_layer, run_cli
 
 TORCHRUN = ("-m", "torch.distributed.run")
 STEPS = every_10_steps()
@@ -181,6 +181,8 @@ def test_a_second_training_of_the_run_is_refused_while_its_lease_is_held(s3, tmp
     assert not fs.exists(f"{run}/.training.lease")  # given back at the end
 
 
+#: fsdp and consolidate are the sharding layer's.
+SHARDING = pytest.mark.skipif(not has_layer("sharding"), reason="the sharding layer is stripped")
 FSDP = ["--parallel.scenario", "fsdp", "--parallel.backend", "gloo", "--parallel.timeout_s", "120"]
 TWO_FSDP = ["fit", "--config", STEPS, *SHORT, *FSDP, "--trainer.max_steps", "25"]
 
@@ -207,6 +209,7 @@ def uninterrupted_fsdp(s3, tmp_path_factory) -> dict:
     return consolidated(s3, url, tmp_path_factory.mktemp("fsdp_out") / "last.ckpt")
 
 
+@SHARDING
 def test_fsdp_on_two_nodes_killed_between_shard_uploads_and_commit_resumes_from_the_store(
     s3, tmp_path, uninterrupted_fsdp
 ):
@@ -236,6 +239,7 @@ def test_fsdp_on_two_nodes_killed_between_shard_uploads_and_commit_resumes_from_
     assert not list((nodes[1] / ".scratch").rglob("*.tmp"))  # node 1's copy of each committed save dropped
 
 
+@SHARDING
 def test_a_sharded_checkpoints_url_validates_on_one_process_from_an_empty_folder(s3, tmp_path, uninterrupted_fsdp):
     # Written by 2 fsdp processes on 2 "nodes", read by 1 plain process (another world size) that never saw the run.
     url = "s3://runs/fsdp-reference/digits/version_0/checkpoints/last.ckpt"

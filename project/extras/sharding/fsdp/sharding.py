@@ -1,0 +1,106 @@
+"""Sharding a LightningModule's networks in place with ``fully_shard``, and the collectives around sharded tensors.
+
+The networks are sharded bottom-up (each unit of :mod:`project.extras.sharding.fsdp.units`, then each network) after
+every rank took rank 0's weights, as DDP does when it wraps (the verdict on sharded tensors being finite is the
+core's: :func:`project.callbacks.finite.sharded_finite`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from project.extras.sharding.fsdp.units import has_parameters, sharded_roots
+from project.extras.sharding.plan.strategy_args import RESHARD_AFTER_FORWARD
+from project.parallel.collectives import process_group_size
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+
+def is_sharded(module: nn.Module) -> bool:
+    """Whether ``fully_shard`` or tensor parallelism was applied to ``module`` (a submodule, a parameter)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(m, FSDPModule) for m in module.modules()) or any(
+        isinstance(p, DTensor) for p in module.parameters()
+    )
+
+
+def fsdp_modules(module: nn.Module) -> list[Any]:
+    """The FSDP units inside ``module``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in module.modules() if isinstance(m, FSDPModule)]
+
+
+def shard_module(
+    module: nn.Module,
+    mesh: DeviceMesh,
+    sharding: str,
+    cpu_offload: bool,
+    wrap_classes: list[type],
+) -> None:
+    """Apply ``fully_shard`` to each unit of ``module``'s networks (innermost first), then to each network."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    kwargs: dict[str, Any] = {
+        "mesh": mesh,
+        "reshard_after_forward": RESHARD_AFTER_FORWARD[sharding],
+        # Pinned host memory needs CUDA; on CPU processes the offload is a no-op anyway.
+        "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy(),
+    }
+    classes = tuple(wrap_classes)
+    # A network reached under two names (`self.net = nn.Sequential(self.backbone, self.head)`) is one unit, sharded
+    # once: fully_shard refuses a module it was already applied to.
+    done: set[int] = set()
+    for _, root in sharded_roots(module):
+        # Reversed pre-order puts every module after its descendants: fully_shard goes bottom-up.
+        for sub in reversed(list(root.modules())):
+            if (sub is root or (isinstance(sub, classes) and has_parameters(sub))) and id(sub) not in done:
+                fully_shard(sub, **kwargs)
+                done.add(id(sub))
+
+
+def point_optimizers_at(
+    optimizers: Iterable[torch.optim.Optimizer], before: dict[str, nn.Parameter], now: dict[str, nn.Parameter]
+) -> None:
+    """Point ``optimizers``, built over the parameters ``before`` sharding, at the sharded ones ``now`` (by name).
+
+    ``fully_shard`` replaced each parameter with a sharded one of the same name; an optimizer's state for a
+    parameter moves with it.
+    """
+    live = {id(p) for p in now.values()}
+    names = {id(p): name for name, p in before.items()}
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for i, param in enumerate(group["params"]):
+                if id(param) not in live and id(param) in names:
+                    group["params"][i] = now[names[id(param)]]
+                    if param in optimizer.state:
+                        optimizer.state[group["params"][i]] = optimizer.state.pop(param)
+
+
+def broadcast_from_rank0(module: nn.Module, device: torch.device) -> None:
+    """Give every rank rank 0's parameters and buffers before sharding, as DDP does when it wraps.
+
+    A tensor that is not on the process group's ``device`` (CPU weights under nccl) goes through a copy there,
+    one tensor at a time, so no rank ever holds the whole model on the device.
+    """
+    if process_group_size() == 1:
+        return
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.device.type == "meta":
+                continue
+            if tensor.device == device:
+                dist.broadcast(tensor, src=0)
+            else:
+                staged = tensor.detach().to(device)
+                dist.broadcast(staged, src=0)
+                tensor.copy_(staged)
