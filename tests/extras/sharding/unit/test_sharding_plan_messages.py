@@ -41,12 +41,6 @@ def test_the_fsdp_notes_say_the_consequence():
     ), hybrid
 
 
-@pytest.mark.parametrize("scenario", ["fsdp", "zero1"])
-def test_micro_batch_auto_is_refused_where_the_step_is_sharded(scenario):
-    message = error(plan, 0, micro_batch="auto", scenario=scenario, devices=2)
-    assert f"scenario {scenario!r} shards across processes" in message, message
-
-
 def test_an_optimizer_that_is_not_there_is_said_so():
     from torch import nn
 
