@@ -70,7 +70,7 @@ class PlainData(L.LightningDataModule):
 def main() -> None:
     parser = argparse.ArgumentParser(description="Plain Lightning with Trainer defaults.")
     parser.add_argument("--data", required=True)
-    parser.add_argument("--task", choices=("classification", "regression", *tasks()), default="classification")
+    parser.add_argument("--task", choices=("classification", *tasks()), default="classification")
     parser.add_argument("--block-size", type=int, default=0)
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--hidden", type=int, default=256)

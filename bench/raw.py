@@ -3,8 +3,8 @@
     python bench/raw.py --data train.pt --steps 2000                           # one process
     torchrun --standalone --nproc-per-node 2 bench/raw.py --data train.pt ...   # DDP, gloo on CPU
 
-It trains the template's own network (``DigitsNet`` with cross-entropy, ``--task regression``: ``MLP``
-with MSE, ``--task NAME``: a layer's task, see ``bench/tasks.py``, e.g. the GPT on windows of text) on the same
+It trains the template's own network (``DigitsNet`` with cross-entropy; ``--task NAME``: a layer's task, see
+``bench/tasks.py``, e.g. the regression MLP with MSE or the GPT on windows of text) on the same
 tensors in the same order as the template (``GlobalBatchSampler`` is a
 ``DistributedSampler`` whose global batches do not depend on the world size), so its final loss can be
 compared with the Lightning runs. No Lightning import.
@@ -28,7 +28,6 @@ from bench.record import StepClock, weights_checksum, write_record
 from bench.tasks import task as task_of
 from bench.tasks import tasks
 from project.models.digits_net import DigitsNet
-from project.models.mlp import MLP
 from project.parallel.samplers import GlobalBatchSampler
 
 
@@ -40,11 +39,9 @@ def synchronize():
 
 
 def network(name, in_features, hidden, block_size=0):
-    """The network and loss of the task: what the template's Classifier, Regressor or a layer's module computes."""
+    """The network and loss of the task: what the template's Classifier or a layer's module computes."""
     if (extra := task_of(name)) is not None:
-        return extra.network(hidden, block_size)
-    if name == "regression":
-        return MLP(in_features, hidden, out_features=1, depth=2), lambda out, y: F.mse_loss(out.squeeze(-1), y)
+        return extra.network(hidden, block_size, in_features)
     return DigitsNet(in_features=in_features, hidden=hidden, dropout=0.0, batch_norm=True), F.cross_entropy
 
 
@@ -66,7 +63,7 @@ def parse_args():
     parser = argparse.ArgumentParser(description="Raw PyTorch training loop (the seed's recipe).")
     parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
     parser.add_argument("--data", required=True, help="torch.save'd {'x', 'y'} tensors ({'tokens'}: a text task)")
-    parser.add_argument("--task", choices=("classification", "regression", *tasks()), default="classification")
+    parser.add_argument("--task", choices=("classification", *tasks()), default="classification")
     parser.add_argument("--block-size", type=int, default=0, help="tokens per sample (a text task)")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--hidden", type=int, default=256)

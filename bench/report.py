@@ -263,8 +263,8 @@ def markdown(results: dict[str, Any], machine: dict[str, Any], gpu_note: str, qu
         "- Ways: *raw* is `bench/raw.py` (the seed's loop; torchrun for DDP); *Lightning floor* is `bench/plain.py "
         "--bare` (`Trainer(barebones=True)` without `self.log`: Lightning's loop alone; nothing on "
         "`Trainer.fit` can be faster); *plain Lightning* is `bench/plain.py`, Trainer defaults and one `self.log` "
-        "per step; *template* is `python -m project fit --config configs/digits.yaml` (`configs/diabetes.yaml` for "
-        "the regression, a layer's task's own base config; + `configs/parallel/cpu_ddp.yaml` for several "
+        "per step; *template* is `python -m project fit --config configs/digits.yaml` (a layer's task: its "
+        "own base config, e.g. the regression's; + `configs/parallel/cpu_ddp.yaml` for several "
         "processes) with the workload's model, data, optimizer and steps layered on top.",
         "",
         "## Throughput",

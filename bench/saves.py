@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from bench.raw import network
-from bench.workloads import MID, REGRESSION, SMALL, Workload
+from bench.tasks import default_rows
+from bench.workloads import MID, SMALL, Workload
 from project.checkpoints.background import BackgroundCheckpointIO
 from project.checkpoints.io import AtomicCheckpointIO
 
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as folder:
-        for workload in (SMALL, MID, REGRESSION):
+        for workload in (SMALL, MID, *(row.workload for row in default_rows(False, False))):
             found = time_saves(workload, Path(folder), args.repeats)
             lines.append(
                 f"| {workload.title} | {found['mb']:.1f} MB | {found['in_place']:.1f} ms | {found['handed']:.2f} ms "

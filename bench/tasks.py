@@ -2,12 +2,13 @@
 
 The bench names no layer (``make strip`` deletes ``bench/extras/<layer>/`` with the layer). A layer's folder may hold
 
-- ``task.py``: a workload task beside ``classification`` and ``regression``: ``TASK`` (its name in
+- ``task.py``: a workload task beside ``classification``: ``TASK`` (its name in
   ``Workload.task`` and ``--task``), ``BASE_CONFIG``, ``DATA_CLASS``, ``net_args(workload)``,
   ``data_args(workload)``, ``model_config(workload)`` (the template's ``model`` section), ``network(hidden,
-  block_size)`` (the network and loss of the raw and plain ways), ``training_set(data, block_size)`` (their
+  block_size, in_features)`` (the network and loss of the raw and plain ways), ``training_set(data, block_size)`` (their
   dataset of the harness's file and its ``collate_fn``) and, for rows cut into pipeline stages,
-  ``RAW_PIPELINE`` (the raw pipelining loop, relative to the repository);
+  ``RAW_PIPELINE`` (the raw pipelining loop, relative to the repository), and ``default_rows(quick, gpu)`` where
+  its rows join the bench's own run (the regression's);
 - ``rows.py``: options of ``python -m bench`` that pick its own rows: ``add_arguments(parser)``,
   ``chosen(args)`` (where a full run's results go when its options are given, else ``None``), ``rows(args, quick,
   gpu)``, and ``GPU_CHECK`` (``bench.gpu_check --workload`` name -> the GPU's workload and the dry run's).
@@ -21,6 +22,7 @@ import importlib
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 #: Where the layers' parts of the bench live (the only place the bench says where they are).
 EXTRAS = Path(__file__).resolve().parent / "extras"
@@ -39,7 +41,7 @@ def tasks() -> dict[str, ModuleType]:
 
 
 def task(name: str) -> ModuleType | None:
-    """The layer's task called ``name``; ``None`` for the bench's own (``classification``, ``regression``)."""
+    """The layer's task called ``name``; ``None`` for the bench's own (``classification``)."""
     return tasks().get(name)
 
 
@@ -47,6 +49,12 @@ def task(name: str) -> ModuleType | None:
 def row_sets() -> tuple[ModuleType, ...]:
     """The layers' ``rows.py`` modules: their options of ``python -m bench`` and the rows those pick."""
     return _modules("rows")
+
+
+def default_rows(quick: bool, gpu: bool) -> list[Any]:
+    """The layers' rows that join the bench's own run (``default_rows`` of their ``task.py``), in folder order."""
+    found = [module for module in tasks().values() if hasattr(module, "default_rows")]
+    return [row for module in found for row in module.default_rows(quick, gpu)]
 
 
 def raw_pipeline(name: str) -> str:

@@ -1,4 +1,4 @@
-"""What is measured: the workloads (per-step overhead, real compute, a regression) and the rows that run them.
+"""What is measured: the workloads (per-step overhead, real compute, a layer's task) and the rows that run them.
 
 Everything a run needs is derived from a :class:`Workload`, so the raw script, plain Lightning and the
 template's config can never drift apart.
@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.tasks import task
+from bench.tasks import default_rows, task
 
 #: The sharding layer's ``layer.py``: its rows (tensor parallelism, FSDP x TP) run where it is installed.
 SHARDING = Path(__file__).resolve().parents[1] / "project" / "extras" / "sharding" / "layer.py"
@@ -28,7 +28,7 @@ class Workload:
         name: Short name used in file names.
         title: What the table calls it.
         hidden: Width of the two hidden layers: DigitsNet's (each followed by BatchNorm, no dropout) for
-            ``classification``, ``project.models.mlp.MLP``'s for ``regression``; a layer's task reads it its way.
+            ``classification``; a layer's task reads it its way (the regression's MLP, the GPT's width).
         batch_size: Samples per step per process.
         steps: Optimizer steps per run.
         warmup: Steps left out of the throughput.
@@ -40,9 +40,9 @@ class Workload:
         data_seed: Seed of the synthetic data and of the shuffling.
         eval_fraction: Share of the data held out for validation, and again for the test.
         max_processes: The most processes any row runs it with (sizes the data set to one epoch).
-        task: ``classification`` (``Classifier``, cross-entropy, ``configs/digits.yaml``), ``regression``
-            (``Regressor``, MSE, a plain datamodule, ``configs/diabetes.yaml``) or a layer's task
-            (``bench/tasks.py``, e.g. ``chargpt``: the GPT layer's language model).
+        task: ``classification`` (``Classifier``, cross-entropy, ``configs/digits.yaml``) or a layer's task
+            (``bench/tasks.py``, e.g. ``regression``: the diabetes layer's ``Regressor``; ``chargpt``: the GPT
+            layer's language model).
         block_size: Tokens per sample (a language model's task); 0 for the MLPs.
         optimizer: ``sgd`` (with ``momentum``) or ``adamw`` (its defaults but ``lr``).
     """
@@ -76,14 +76,12 @@ class Workload:
         """The template's own config for the task, which the workload is layered over (relative to the repo)."""
         if (extra := task(self.task)) is not None:
             return extra.BASE_CONFIG
-        return "configs/diabetes.yaml" if self.task == "regression" else "configs/digits.yaml"
+        return "configs/digits.yaml"
 
     def net_args(self) -> dict[str, Any]:
-        """The network's init_args: DigitsNet's, MLP's for regression, a layer's task's own."""
+        """The network's init_args: DigitsNet's, or a layer's task's own."""
         if (extra := task(self.task)) is not None:
             return extra.net_args(self)
-        if self.task == "regression":
-            return {"in_features": self.in_features, "hidden": self.hidden, "out_features": 1, "depth": 2}
         return {
             "in_features": self.in_features,
             "hidden": self.hidden,
@@ -97,22 +95,12 @@ class Workload:
         """The datamodule's class path."""
         if (extra := task(self.task)) is not None:
             return extra.DATA_CLASS
-        if self.task == "regression":
-            return "bench.regression.SyntheticRegression"
         return "project.data.synthetic.SyntheticDataModule"
 
     def data_args(self) -> dict[str, Any]:
         """The datamodule's init_args."""
         if (extra := task(self.task)) is not None:
             return extra.data_args(self)
-        if self.task == "regression":
-            return {
-                "num_samples": self.num_samples,
-                "in_features": self.in_features,
-                "batch_size": self.batch_size,
-                "eval_fraction": self.eval_fraction,
-                "seed": self.data_seed,
-            }
         return {
             "num_samples": self.num_samples,
             "in_features": self.in_features,
@@ -127,9 +115,6 @@ class Workload:
         """The config layered over :attr:`base_config`: this workload's net, data, optimizer and steps."""
         if (extra := task(self.task)) is not None:
             model = extra.model_config(self)
-        elif self.task == "regression":
-            net = {"class_path": "project.models.mlp.MLP", "init_args": self.net_args()}
-            model = {"class_path": "project.models.regressor.Regressor", "init_args": {"model": net}}
         else:
             net = {"class_path": "project.models.digits_net.DigitsNet", "init_args": self.net_args()}
             model = {
@@ -221,13 +206,8 @@ SMALL = Workload("small", "MLP 64-256(BN)-256-10, batch 32", hidden=256, batch_s
 # Four processes share two cores here, so each step takes ~10x longer: fewer steps, the same network and batch.
 SMALL_4 = replace(SMALL, steps=600, warmup=60, max_processes=4)
 MID = Workload("mid", "MLP 64-1024(BN)-1024-10, batch 256", hidden=1024, batch_size=256, steps=200, warmup=30)
-REGRESSION = Workload(
-    "reg", "regression MLP 16-256-256-1 (MSE), batch 32", hidden=256, batch_size=32, steps=1500, warmup=150,
-    in_features=16, max_processes=1, task="regression",
-)  # fmt: skip
 # Quick mode: the same code paths in seconds (the test suite runs it); its timings mean nothing.
 QUICK_SMALL = replace(SMALL, steps=60, warmup=10)
-QUICK_REGRESSION = replace(REGRESSION, steps=60, warmup=10)
 GPU = replace(MID, name="gpu", steps=600, warmup=100, max_processes=1)
 
 
@@ -253,9 +233,9 @@ def rows(quick: bool, gpu: bool, ablate: bool = False, startup: bool = False) ->
         return [
             Row(QUICK_SMALL, 1, variants=("raw", "plain", "template")),
             Row(QUICK_SMALL, 2, variants=("raw", "template")),
-            Row(QUICK_REGRESSION, 1, variants=("raw", "template")),
+            *default_rows(quick, gpu),  # the layers' rows of the bench's own run (the regression)
         ]
-    found = [Row(SMALL, 1), Row(SMALL, 2), Row(SMALL_4, 4), Row(MID, 1), Row(REGRESSION, 1)]
+    found = [Row(SMALL, 1), Row(SMALL, 2), Row(SMALL_4, 4), Row(MID, 1), *default_rows(quick, gpu)]
     if gpu:
         found.append(Row(GPU, 1, "gpu"))
     return found

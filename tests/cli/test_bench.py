@@ -1,5 +1,6 @@
 """The benchmark harness cannot rot: its quick mode trains raw, plain Lightning and the template to the same loss."""
-# The quick mode's rows: the small MLP on 1 and 2 processes and the regression task; every row checks equal work.
+# The quick mode's rows: the small MLP on 1 and 2 processes and the layers' (the diabetes layer's regression task);
+# every row checks equal work.
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ sys.path.insert(0, str(REPO))  # `bench` is a folder of the repository, not an i
 from bench.commands import command, write_lean_config
 from bench.harness import RowResult, Run
 from bench.record import OUT_ENV, WINDOW_STEPS, StepClock
+from bench.tasks import default_rows
 from bench.timing import HookTimer
-from bench.workloads import QUICK_REGRESSION, QUICK_SMALL, Row
+from bench.workloads import QUICK_SMALL, Row
 
 
 @pytest.mark.distributed
@@ -36,7 +38,7 @@ def test_quick_bench_runs_raw_plain_and_template_to_the_same_loss(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     data = json.loads((tmp_path / "work" / "results.json").read_text())
     rows = {row["key"]: row for row in data["rows"]}
-    assert sorted(rows) == ["reg-cpu-1", "small-cpu-1", "small-cpu-2"]
+    assert sorted(rows) == sorted(["small-cpu-1", "small-cpu-2", *(row.key for row in default_rows(True, False))])
     for row in rows.values():
         assert row["equal_work"], row["equal_work_detail"]
         records = [run["record"] for run in row["runs"]]
@@ -47,7 +49,8 @@ def test_quick_bench_runs_raw_plain_and_template_to_the_same_loss(tmp_path):
         assert len({record["checksum"] for record in records}) == 1
     assert {run["variant"] for run in rows["small-cpu-1"]["runs"]} == {"raw", "plain", "template"}
     assert {run["variant"] for run in rows["small-cpu-2"]["runs"]} == {"raw", "template"}
-    assert {run["variant"] for run in rows["reg-cpu-1"]["runs"]} == {"raw", "template"}
+    for row in default_rows(True, False):
+        assert {run["variant"] for run in rows[row.key]["runs"]} == set(row.variants)
     table = (tmp_path / "results.md").read_text()
     assert "template / raw" in table and "GPU row:" in table
     assert (tmp_path / "results.png").stat().st_size > 0
@@ -140,15 +143,15 @@ def test_a_failed_run_is_run_once_more_and_the_table_says_so(tmp_path, monkeypat
     assert "run again after a failure: raw #1" in throughput_table([result])[-1]
 
 
-@pytest.mark.parametrize("base", ["configs/digits.yaml", "configs/diabetes.yaml"])
-def test_ablation_config_drops_only_the_callbacks_that_act_on_every_step(tmp_path, base):
+@pytest.mark.parametrize("row", [Row(QUICK_SMALL, 1), *default_rows(True, False)], ids=lambda row: row.key)
+def test_ablation_config_drops_only_the_callbacks_that_act_on_every_step(tmp_path, row):
+    base = row.workload.base_config
     path, dropped = write_lean_config(tmp_path, base)
     kept = yaml.safe_load(path.read_text())["trainer"]["callbacks"]
     everything = yaml.safe_load((REPO / base).read_text())["trainer"]["callbacks"]
     assert len(kept) + len(dropped) == len(everything) and dropped
     assert not any(c["class_path"].endswith(("TimedCheckpoint", "NonFiniteLossCallback")) for c in kept)
-    workload = QUICK_SMALL if base.endswith("digits.yaml") else QUICK_REGRESSION
-    args = command("lean", Row(workload, 1), tmp_path / "data.pt", tmp_path / "quick.yaml")
+    args = command("lean", row, tmp_path / "data.pt", tmp_path / "quick.yaml")
     assert args[-3:] == ["--config", str(path), "--trainer.callbacks+=bench.timing.StepTimer"]
     assert str(REPO / base) in args
 

@@ -49,8 +49,8 @@ def model_config(workload: Workload) -> dict[str, Any]:
     return {"class_path": "project.extras.gpt.language_model.LanguageModel", "init_args": {"net": net}}
 
 
-def network(hidden: int, block_size: int) -> tuple[torch.nn.Module, Any]:
-    """The GPT and its loss (mean cross-entropy per token), as ``LanguageModel`` computes it."""
+def network(hidden: int, block_size: int, in_features: int = 0) -> tuple[torch.nn.Module, Any]:
+    """The GPT and its loss (mean cross-entropy per token), as ``LanguageModel`` computes it (no ``in_features``)."""
     from project.extras.gpt.gpt import GPT
 
     net = GPT(block_size=block_size, n_layer=N_LAYER, n_head=N_HEAD, n_embd=hidden, dropout=0.0)

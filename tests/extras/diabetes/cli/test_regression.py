@@ -1,7 +1,7 @@
 """A regression job on a plain LightningDataModule, run as a user would: fit, export, predict, test, 2 processes.
 
-configs/diabetes.yaml trains project.models.regressor.Regressor (network at ``.model``) around
-project.models.mlp.MLP (no ``init_args`` attribute) on project.data.diabetes.DiabetesDataModule
+configs/diabetes/diabetes.yaml trains project.extras.diabetes.regressor.Regressor (network at ``.model``) around
+project.models.mlp.MLP (no ``init_args`` attribute) on project.extras.diabetes.data.DiabetesDataModule
 (an ordinary LightningDataModule with ordinary DataLoaders).
 """
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from project.data.diabetes_arrays import diabetes_tensors
+from project.extras.diabetes.arrays import diabetes_tensors
 
 from helpers import CONFIGS, CPU_DDP, cli_env, read_plan, read_scalars, run_cli, run_dirs
 
-DIABETES = str(CONFIGS / "diabetes.yaml")
+DIABETES = str(CONFIGS / "diabetes" / "diabetes.yaml")
 NAME = "diabetes"
 # Few epochs and a quiet console (what tests/configs/fast.yaml does for digits).
 QUICK = [
@@ -106,7 +106,7 @@ def rebuilt_test_mse(export: Path) -> float:
     """The test MSE of the exported network, rebuilt in a plain Python process that never imports Lightning."""
     code = (
         "import sys, torch\n"
-        "from project.data.diabetes_arrays import diabetes_tensors\n"
+        "from project.extras.diabetes.arrays import diabetes_tensors\n"
         "from project.export import rebuild\n"
         f"net = rebuild({str(export)!r})\n"
         "_, _, test = diabetes_tensors(0.15, 0.15, 0)\n"

@@ -10,7 +10,7 @@ import lightning as L
 from torch.utils.data import DataLoader, TensorDataset
 
 from project.data.arrays import split_sizes
-from project.data.diabetes_arrays import DIABETES_SIZE, diabetes_tensors
+from project.extras.diabetes.arrays import DIABETES_SIZE, diabetes_tensors
 
 
 class DiabetesDataModule(L.LightningDataModule):
