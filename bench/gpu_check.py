@@ -62,13 +62,19 @@ class Way:
         return f"{self.runner}-{self.precision}" + ("-compile" if self.compile else "")
 
 
-WAYS = (
-    Way("raw", "32"),
-    Way("template", "32"),
-    Way("template", "32", compile=True),
-    Way("raw", "bf16-mixed"),
-    Way("template", "bf16-mixed"),
-    Way("template", "bf16-mixed", compile=True),
+#: The compile layer's ``layer.py``: the compiled ways run where it is installed (``parallel.compile`` is its).
+COMPILE = REPO / "project" / "extras" / "compile" / "layer.py"
+WAYS = tuple(
+    way
+    for way in (
+        Way("raw", "32"),
+        Way("template", "32"),
+        Way("template", "32", compile=True),
+        Way("raw", "bf16-mixed"),
+        Way("template", "bf16-mixed"),
+        Way("template", "bf16-mixed", compile=True),
+    )
+    if not way.compile or COMPILE.is_file()
 )
 
 

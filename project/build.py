@@ -37,7 +37,6 @@ from project.errors import UserError
 from project.launch.ranks import confirm_started_ranks
 from project.launch.submit import submitter
 from project.layers import hook, hooks
-from project.parallel.compile import CompileAfterWrap
 from project.parallel.strategies import trainer_kwargs
 from project.parallel.threads import apply_cpu_threads
 from project.parser_stubs import resolve_stubs_in_process
@@ -207,8 +206,8 @@ class ProjectCLI(LightningCLI):
         bar = wants_template_progress_bar(trainer_config)
         stop = StopOnSignal(section.stop_signals, section.stop_grace_s) if self.row.stops_on_signal else None
         own = template_callbacks(self.state, self.loaders, chosen, bar, learning_rate, writer, stop)
-        # What the model itself must become: torch.compile once the strategy has wrapped it; float64 before a restore
-        shaping = [CompileAfterWrap()] if plan is not None and plan.compile else []
+        # What the model itself must become: float64 before a restore
+        shaping: list[L.Callback] = []
         if plan is not None and plan.precision == "64":
             shaping.append(Float64BeforeRestore())
         # The layers' own (a sweep trial's pruning, the hang recorder), after the template's; a self-test keeps them

@@ -74,7 +74,7 @@ class CoreParallelConfig:
             callback has its own ``timeout_s``).
         launcher: auto (Lightning's launcher, or the outside one that started the processes: torchrun,
             SLURM, Kubeflow) | ray (the same run as a Ray Train job: the ray layer, ``pip install -e .[ray]``).
-        compile: Apply ``torch.compile`` to the model after the DDP/FSDP wrap.
+        compile: Apply ``torch.compile`` to the model after the DDP/FSDP wrap (the compile layer; refused without).
         precision: 32 | 64 (float64 everywhere: equivalences without float noise) | bf16-mixed | 16-mixed (GPUs
             only): the Trainer's precision, owned by the plan.
         ddp: DDP's flags (``find_unused_parameters``, ``broadcast_buffers``).

@@ -58,8 +58,6 @@ class Plan:
     cluster_environment: str | None = None
     #: The Trainer's precision (``32``, ``bf16-mixed``, ``16-mixed``): the plan owns ``trainer.precision``.
     precision: str = "32"
-    #: ``torch.compile`` the module's networks in place after the strategy's wrap (``project.parallel.compile``).
-    compile: bool = False
     #: ``parallel.micro_batch``: the per-device batch (its other name), or what a layer says (the microbatch
     #: layer's ``auto``, until its search at the start of ``fit`` picked a size).
     micro_batch: int | str | None = None
@@ -193,7 +191,6 @@ def resolve_plan(
         notes=(*batch_notes, *settings),
         cluster_environment=environment.cluster_environment if layout.world_size > 1 else None,
         precision=config.precision,
-        compile=config.compile,
         request=request,
         setting_notes=settings,
     )

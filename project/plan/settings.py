@@ -22,6 +22,11 @@ def resolve_backend(config: ParallelConfig, layout: Layout) -> str | None:
     if config.warmup_steps < 0:
         raise UserError(f"parallel.warmup_steps={config.warmup_steps} must be >= 0")
     check_stop_settings(config)
+    if config.compile:  # the compile layer takes it off the section before the plan is resolved (its on_state hook)
+        raise UserError(
+            "parallel.compile=true needs the compile layer (project/extras/compile), which this checkout does not "
+            "have; set parallel.compile false"
+        )
     if config.sync_batchnorm and layout.accelerator == "cpu":
         raise UserError(
             "parallel.sync_batchnorm=true needs GPUs (SyncBatchNorm does not run on CPU); "
@@ -36,18 +41,13 @@ def resolve_backend(config: ParallelConfig, layout: Layout) -> str | None:
 
 
 def setting_notes(config: ParallelConfig, layout: Layout, strategy: str, start_method: str) -> list[str]:
-    """The notes that do not depend on the batch: buffers, precision, compile, each layer's, start method."""
+    """The notes that do not depend on the batch: buffers, precision, each layer's, start method."""
     notes: list[str] = []
     if layout.world_size > 1 and not config.ddp.broadcast_buffers:
         notes.append("ddp.broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs")
     precision_note = check_precision(config.precision, layout.accelerator)
     if precision_note:
         notes.append(precision_note)
-    if config.compile:
-        notes.append(
-            "compile: torch.compile (inductor) is applied in place to the module's networks after the strategy "
-            "wraps the model; the first training and evaluation steps include compilation"
-        )
     for layer_notes in hooks("plan_notes"):  # a layer's subsection checked against the layout (sharding: fsdp)
         notes += layer_notes(config, layout, strategy, start_method)
     if layout.world_size > 1 and start_method == "fork":

@@ -180,9 +180,9 @@ def test_the_cluster_environment_is_passed_for_several_processes_only():
     assert plan(0, pods(1), scenario="cpu").cluster_environment is None
 
 
-def test_the_plan_carries_precision_compile_sync_batchnorm_and_the_launch():
-    got = plan(4, scenario="ddp", devices=2, precision="bf16-mixed", compile=True, sync_batchnorm=True)
-    assert (got.precision, got.compile, got.sync_batchnorm) == ("bf16-mixed", True, True)
+def test_the_plan_carries_precision_sync_batchnorm_and_the_launch():
+    got = plan(4, scenario="ddp", devices=2, precision="bf16-mixed", sync_batchnorm=True)
+    assert (got.precision, got.sync_batchnorm) == ("bf16-mixed", True)
     assert got.launch == {"node_rank": 0, "ranks_on_this_node": [0, 1], "master_addr": "127.0.0.1"}
     assert got.strategy_args["start_method"] == "popen"
 

@@ -117,6 +117,8 @@ def test_the_notes_end_with_what_to_do():
 
 
 def test_the_setting_notes_say_the_consequence():
-    notes = plan(0, scenario="cpu", devices=2, ddp={"broadcast_buffers": False}, compile=True).notes
+    notes = plan(0, scenario="cpu", devices=2, ddp={"broadcast_buffers": False}).notes
     assert "ddp.broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs" in notes
-    assert notes[-1].endswith("wraps the model; the first training and evaluation steps include compilation")
+    # compile: true is the compile layer's: it takes it off the section first; what reaches the core is refused
+    with pytest.raises(UserError, match=r"^parallel.compile=true needs the compile layer \(project/extras/compile\)"):
+        plan(0, compile=True)

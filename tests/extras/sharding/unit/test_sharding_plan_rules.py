@@ -123,12 +123,6 @@ def test_the_zero1_arguments_the_plan_shows():
     }
 
 
-def test_the_compile_note_stays_beside_the_fsdp_notes():
-    got = plan(0, scenario="fsdp", devices=2, compile=True)
-    assert any(note.startswith("compile: torch.compile (inductor)") for note in got.notes), got.notes
-    assert any(note.startswith("fsdp full:") for note in got.notes), got.notes
-
-
 # --- interactive sessions (a notebook) --------------------------------------------------------------------------
 
 

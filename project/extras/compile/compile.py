@@ -16,11 +16,16 @@ the strategy has set the model up (DDP or FSDP wrap, device move):
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import lightning as L
 from torch import nn
 
 from project.errors import UserError
 from project.lightning_private import compiled_call
+from project.plan.resolve import Plan
+from project.run_state import RunState
 
 
 def is_compiled(module: nn.Module) -> bool:
@@ -96,3 +101,29 @@ class CompileAfterWrap(L.Callback):
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """``predict``."""
         self._compile(trainer, pl_module)
+
+
+#: The plan's note under ``parallel.compile: true``.
+NOTE = (
+    "compile: torch.compile (inductor) is applied in place to the module's networks after the strategy "
+    "wraps the model; the first training and evaluation steps include compilation"
+)
+
+
+def take_compile(state: RunState, config: Any) -> None:
+    """The layer's ``on_state`` hook: takes ``compile: true`` off the section and puts it in every plan instead."""
+    if state.section is not None and state.section.compile:
+        state.section = replace(state.section, compile=False)  # the core refuses what no layer took
+        state.amend(compiled)
+
+
+def compiled(plan: Plan) -> Plan:
+    """``plan`` that compiles: ``compile: true`` in plan.json, and the note after the setting notes."""
+    notes = plan.notes if NOTE in plan.notes else (*plan.notes, NOTE)
+    return replace(plan, records={**plan.records, "compile": True}, notes=notes)
+
+
+def compile_callbacks(state: RunState, row: Any, config: Any) -> list[L.Callback]:
+    """The layer's ``callbacks`` hook: :class:`CompileAfterWrap` for a run whose plan compiles."""
+    plan = state.built
+    return [CompileAfterWrap()] if plan is not None and plan.records.get("compile") else []
