@@ -107,7 +107,7 @@ def rebuilt_test_mse(export: Path) -> float:
     code = (
         "import sys, torch\n"
         "from project.data.diabetes_arrays import diabetes_tensors\n"
-        "from project.export import rebuild\n"
+        "from project.extras.export.weights import rebuild\n"
         f"net = rebuild({str(export)!r})\n"
         "_, _, test = diabetes_tensors(0.15, 0.15, 0)\n"
         "x, y = test.tensors\n"

@@ -66,12 +66,15 @@ def test_a_language_model_on_dict_batches_fits_predicts_and_resumes_on_two_proce
     # the export layer adds a program that rebuilds without TinyLM's code.
     from user_shapes import TinyLM
 
-    from project.export import load_weights, rebuild
+    from project.export import load_weights
     from project.layers import installed
+
+    if not any(layer.name == "export" for layer in installed()):
+        return  # export/ is the export layer's
+    from project.extras.export.weights import rebuild
 
     net = TinyLM().net
     load_weights(net, run / "export" / "model.pt")
-    if any(layer.name == "export" for layer in installed()):
-        net = rebuild(run / "export")
+    net = rebuild(run / "export")
     windows = torch.arange(16).reshape(2, 8) % 12  # the recorded windows' length (block 8), another batch size
     assert net(windows).shape == (2, 8, 12)

@@ -145,7 +145,7 @@ def test_a_library_network_is_exported_from_the_config_and_rebuilds(tmp_path):
     spec = json.loads((run / "export" / "model.json").read_text())
     assert spec["class_path"] == "torch.nn.Linear" and spec["init_args"]["out_features"] == 10
     assert "test/acc" in read_scalars(run)
-    from project.export import rebuild
+    from project.extras.export.weights import rebuild
 
     assert isinstance(rebuild(run / "export"), torch.nn.Linear)
 
