@@ -9,6 +9,7 @@ IO and template callbacks come from that resolution. ``plan`` builds the model a
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -18,12 +19,12 @@ import torch
 from jsonargparse import ActionYesNo, Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from project.callbacks import (
     LoaderGuaranteesCallback,
     StopOnSignal,
-    lists_prediction_writer,
     template_callbacks,
 )
 from project.callbacks.dispatch import skip_idle_batch_hooks
@@ -66,6 +67,16 @@ quiet_third_party()  # two lines no user can act on (Lightning's litlogger tip, 
 
 # Before `python -m project` forks its ranks, so no process starts an interpreter to learn sys.path.
 resolve_stubs_in_process()
+
+
+@rank_zero_only
+def say_unwritten_predictions(callbacks: list[Any]) -> None:
+    """``predict`` without a prediction writer: Lightning's own predict, whose results no file keeps (one line)."""
+    if not any(isinstance(callback, BasePredictionWriter) for callback in callbacks):
+        sys.stderr.write(
+            "note: predict writes no file: no prediction writer is installed; list a BasePredictionWriter in "
+            "trainer.callbacks (the predictions layer writes predictions.csv)\n"
+        )
 
 
 class ProjectCLI(LightningCLI):
@@ -202,10 +213,9 @@ class ProjectCLI(LightningCLI):
         section = self.state.section or ParallelConfig()
         learning_rate = self.state.section is not None and (section.lr_scaling != "none" or section.warmup_steps > 0)
         configured = listed(trainer_config.get("callbacks"))
-        writer = self.row.writes_predictions and not lists_prediction_writer(configured)  # predictions.csv by default
         bar = wants_template_progress_bar(trainer_config)
         stop = StopOnSignal(section.stop_signals, section.stop_grace_s) if self.row.stops_on_signal else None
-        own = template_callbacks(self.state, self.loaders, chosen, bar, learning_rate, writer, stop)
+        own = template_callbacks(self.state, self.loaders, chosen, bar, learning_rate, stop)
         # What the model itself must become: float64 before a restore
         shaping: list[L.Callback] = []
         if plan is not None and plan.precision == "64":
@@ -213,6 +223,8 @@ class ProjectCLI(LightningCLI):
         # The layers' own (a sweep trial's pruning, the hang recorder), after the template's; a self-test keeps them
         layered = [c for callbacks in hooks("callbacks") for c in callbacks(self.state, self.row, self.config)]
         kwargs["callbacks"] = [*configured, *own, *shaping, *layered]
+        if self.row.trainer_method == "predict":
+            say_unwritten_predictions(kwargs["callbacks"])
         if self.row.trainer_kwargs is not None:  # a self-test (check): the layout and model as configured, no records
             kept = [self.loaders] if self.loaders is not None else []
             kwargs.update(hook(self.row.trainer_kwargs)(self.config, [*kept, *shaping, *layered]))

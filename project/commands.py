@@ -46,7 +46,6 @@ class Command:
         tracks: The ``tracking`` section's logger (MLflow) records it.
         tests_after: ``--test_after_fit`` (default on) tests the best checkpoint afterwards.
         stops_on_signal: A stop signal (SIGTERM, SIGUSR1) ends it at the same step on every rank, saved, exit 75.
-        writes_predictions: It writes ``predictions.csv`` unless the config lists a prediction writer.
         self_test: It is the layout's self-test: its own options, the check's join timeout, nothing written but
             ``check.json``.
         starts_ranks_early: ``python -m project`` may fork its CPU ranks right after the imports (the early
@@ -70,7 +69,6 @@ class Command:
     tracks: bool = False
     tests_after: bool = False
     stops_on_signal: bool = False
-    writes_predictions: bool = False
     self_test: bool = False
     starts_ranks_early: bool = False
     runner: str | None = None
@@ -132,12 +130,11 @@ CORE_COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "predict",
-        "write predictions.csv for a checkpoint",
+        "run predict_step over the predict set with a checkpoint",
         Builds.TRAINER,
         "predict",
         takes_checkpoint=True,
         evaluates=True,
-        writes_predictions=True,
         starts_ranks_early=True,
     ),
     Command("plan", "resolve the parallel layout without training (--assume_gpus N, --json)", Builds.MODEL_AND_DATA),

@@ -50,7 +50,7 @@ class Layer:
         trusted_modules: Modules (with their submodules) whose networks an export's ``model.json`` may name:
             ``rebuild`` imports them unasked, as it does the core's ``project.models`` (rows, not hooks).
         network_exports: ``module:Class`` of an export for a network that no class path rebuilds
-            (:class:`project.network_exports.NetworkExport`): written by UnwrapEvalCallback, read by ``rebuild``.
+            (the export layer's ``NetworkExport``): written with the export at the end of ``fit``, read by ``rebuild``.
         around_command: ``hook(argv) -> context manager`` that ``python -m project`` runs the command inside, after
             its imports (early: the ranks of a CPU run forked there).
         submit: ``hook(launcher) -> run | None``: how this process submits its job to ``parallel.launcher``, a

@@ -3,12 +3,11 @@
 Two kinds, each installed one way:
 
 - chosen in the config (``trainer.callbacks``): :class:`BarrierCallback`, :class:`UnwrapEvalCallback`,
-  :class:`NonFiniteLossCallback`, a prediction writer other than the default, and any progress bar;
+  :class:`NonFiniteLossCallback`, a prediction writer, and any progress bar;
 - the template's own, on every run, from :func:`template_callbacks`: the loader guarantees, ``plan.json``,
   every rank's random state, the monitored-metric check, the unused-parameter check (DDP), the trainable set
   followed under DDP and kept on resume (:class:`TrainableSetCallback`), the replicas compared at every save
-  (:class:`ReplicaGuard`), the learning-rate scaling and warmup when the ``parallel`` section asks for them,
-  :class:`PredictionsWriter` on ``predict`` unless the config lists a prediction writer, and
+  (:class:`ReplicaGuard`), the learning-rate scaling and warmup when the ``parallel`` section asks for them, and
   :class:`ProgressBar` unless the config names a progress bar or turns it off;
 - each layer's (project/extras/), which the builder adds after these.
 """
@@ -24,7 +23,6 @@ from project.callbacks.learning_rate import LearningRateCallback
 from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.callbacks.model_checks import UnusedParametersCheck
 from project.callbacks.nonfinite import NonFiniteLossCallback
-from project.callbacks.predictions import PredictionsWriter, lists_prediction_writer
 from project.callbacks.preemption import StopOnSignal
 from project.callbacks.progress import ProgressBar
 from project.callbacks.replica_guard import ReplicaGuard
@@ -42,7 +40,6 @@ __all__ = [
     "LoaderGuaranteesCallback",
     "MonitoredMetricsCheck",
     "NonFiniteLossCallback",
-    "PredictionsWriter",
     "ProgressBar",
     "RandomStateCallback",
     "ReplicaGuard",
@@ -52,7 +49,6 @@ __all__ = [
     "TrainableSetCallback",
     "UnusedParametersCheck",
     "UnwrapEvalCallback",
-    "lists_prediction_writer",
     "template_callbacks",
 ]
 
@@ -63,7 +59,6 @@ def template_callbacks(
     ckpt_path: str | None,
     progress_bar: bool,
     learning_rate: bool = False,
-    predictions: bool = False,
     stop: StopOnSignal | None = None,
 ) -> list[Callback]:
     """The callbacks every run gets, in the order they must run (the loaders before the record of them).
@@ -74,7 +69,6 @@ def template_callbacks(
         ckpt_path: The checkpoint this process starts from, for the same-checkpoint-on-every-rank check.
         progress_bar: Add :class:`ProgressBar` (Lightning's rich bar, redrawn at most 10 times a second).
         learning_rate: Add :class:`LearningRateCallback` (the plan scales or warms up the learning rate).
-        predictions: Add :class:`PredictionsWriter` (``predict``, when the config lists no prediction writer).
         stop: The stop on a signal (``fit``): every rank stops at the same step and saves it.
     """
     own: list[Callback] = [loaders] if loaders is not None else []
@@ -84,6 +78,5 @@ def template_callbacks(
     own.append(UnusedParametersCheck())  # DDP: parameters that got no gradient, named before the first step
     # DDP reduces what trains now (fine-tuning), the trainable set survives a resume; replicas compared at each save
     own += [TrainableSetCallback(), ReplicaGuard(state.built)]
-    own += [PredictionsWriter()] if predictions else []
     own += [stop] if stop is not None else []
     return [*own, ProgressBar()] if progress_bar else own

@@ -1,84 +1,33 @@
-"""The seed's ``model = model.module`` for evaluation, and the export of the bare network.
+"""The seed's ``model = model.module`` for evaluation.
 
 During ``fit`` Lightning routes validation through the DDP wrapper. This callback evaluates the bare
 module instead (:func:`project.parallel.ddp.evaluate_unwrapped`), with every rank holding rank 0's buffers (so
-each rank evaluates exactly the model that is checkpointed and exported), over unpadded shards (see
-``project.parallel.sampler_install``). At the end of ``fit``, rank 0 alone exports the plain network of the best
-checkpoint (or of the final weights when there is none) to ``<run>/export/``. Whether that export can be rebuilt
-is checked at ``setup``, before training.
+each rank evaluates exactly the model that is checkpointed), over unpadded shards (see
+``project.parallel.sampler_install``).
 
-A network that no class path rebuilds (built in the LightningModule's ``__init__``, e.g. ``nn.Sequential``)
-is exported as its state dict, with one warning line, or by a layer's export of it besides its state dict
-(:mod:`project.network_exports`).
+Its ``export`` settings are read by the export layer, which writes ``<run>/export/`` at the end of ``fit`` and says
+so by filling :attr:`UnwrapEvalCallback.exporter`; without that layer ``export: true`` writes nothing and says so
+in one ``note:`` line (a config that asks for it still trains).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
-from project.callbacks.best_checkpoint import best_checkpoint_path
-from project.checkpoints.loading import checkpoint_weights
-from project.errors import UserError
-from project.export import (
-    EXPORT_WEIGHTS,
-    check_rebuildable,
-    class_path,
-    export_network,
-    export_state_dict,
-    match_state_dict,
-    network_spec,
-)
-from project.network_exports import NO_CLASS_PATH, STATE_DICT_FORMAT, NetworkExport, network_exports, weights_only
-from project.parallel.ddp import evaluate_unwrapped, rewrap, unwrap
-from project.parallel.strategies import row_of
-from project.runs import run_directory
-
-
-def find_network(module: nn.Module, attribute: str | None) -> tuple[str, nn.Module]:
-    """The network a LightningModule trains: ``attribute``, else ``net``, else its one child with parameters.
-
-    Raises:
-        UserError: the attribute does not hold a module, or the choice is not clear.
-    """
-    children = dict(module.named_children())
-    if attribute is not None:
-        net = getattr(module, attribute, None)
-        if isinstance(net, nn.Module):
-            return attribute, net
-        raise UserError(
-            f"UnwrapEvalCallback(net_attribute={attribute!r}): {type(module).__name__} has no network at "
-            f".{attribute} (its modules: {', '.join(children) or 'none'}); set net_attribute to one of them"
-        )
-    if isinstance(children.get("net"), nn.Module):
-        return "net", children["net"]
-    with_parameters = [name for name, child in children.items() if any(True for _ in child.parameters())]
-    if len(with_parameters) == 1:
-        return with_parameters[0], children[with_parameters[0]]
-    raise UserError(
-        f"UnwrapEvalCallback cannot tell which of {type(module).__name__}'s modules is the network to export "
-        f"({', '.join(with_parameters) or 'none has parameters'}); set its net_attribute"
-    )
-
-
-def _configured(pl_module: L.LightningModule, attribute: str) -> Mapping[str, Any] | None:
-    """How the config built the network: the module's hyperparameter of that name, under LightningCLI."""
-    value = pl_module.hparams.get(attribute)
-    return value if isinstance(value, Mapping) and "class_path" in value else None
+from project.parallel.ddp import evaluate_unwrapped, rewrap
 
 
 class UnwrapEvalCallback(L.Callback):
-    """Evaluate the unwrapped module during fit and export it at the end.
+    """Evaluate the unwrapped module during fit; its export settings are the export layer's.
 
     Args:
-        export: Write ``export/model.pt`` and ``export/model.json`` into the run directory at fit end (and a
-            layer's export of a network that no class path rebuilds).
+        export: Write ``export/model.pt`` and ``export/model.json`` into the run directory at fit end (the
+            export layer does; without it one ``note:`` line says nothing was written).
         export_best: Export the best checkpoint's weights (the ones ``test`` after fit evaluates)
             instead of the final ones, when a monitored checkpoint exists.
         net_attribute: Attribute of the LightningModule that holds the plain network; ``None``: ``net``,
@@ -90,50 +39,18 @@ class UnwrapEvalCallback(L.Callback):
         self.export_best = export_best
         self.net_attribute = net_attribute
         self._wrapper: nn.Module | None = None
-        self._spec: dict[str, Any] | None = None
-        self._other: NetworkExport | None = None  # a layer's export of a network that no class path rebuilds
+        #: The layer's callback that writes the export this one asks for (filled at its ``setup``), if any.
+        self.exporter: Any = None
         #: Path of the last export (rank 0), for the CLI's closing message.
         self.export_dir: Path | None = None
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Before training: find the network and check that its export can be rebuilt.
-
-        A network that neither its own ``init_args`` nor the config rebuild is exported otherwise (its weights only,
-        or by a layer's export).
-        """
-        if not self.export or stage != "fit" or self._spec is not None:
-            return
-        if is_overridden("configure_model", pl_module):  # its layers exist from configure_model on: on_fit_start
-            return
-        self._find_spec(pl_module)
-
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """A module that builds its network in ``configure_model``: find it now that Lightning has called it."""
-        if self.export and self._spec is None:
-            self._find_spec(pl_module)
-
-    def _find_spec(self, pl_module: L.LightningModule) -> None:
-        attribute, net = find_network(unwrap(pl_module), self.net_attribute)
-        self.net_attribute = attribute
-        try:
-            spec = network_spec(net, _configured(pl_module, attribute))
-        except UserError:
-            network = class_path(unwrap(net))
-            self._other = next(iter(network_exports()), None)
-            self._spec = (
-                {"format": self._other.format, "network": network}
-                if self._other is not None
-                else weights_only(network, NO_CLASS_PATH)
+        """``export: true`` with no layer to write it: one line, and the run trains as asked."""
+        if self.export and self.exporter is None and trainer.is_global_zero and not trainer.fast_dev_run:
+            sys.stderr.write(
+                "note: UnwrapEvalCallback(export=true): no export/ is written, no installed layer writes it "
+                "(the export layer does); set export: false to silence this\n"
             )
-            return
-        check_rebuildable(spec, net)
-        self._spec = spec
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Rank 0 lets a layer's export watch the unsharded network's next forward call (the first in training)."""
-        if self._other is not None and trainer.is_global_zero and not row_of(trainer.strategy).shards_parameters:
-            _, net = find_network(unwrap(pl_module), self.net_attribute)
-            self._other.record(unwrap(net))
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Swap the DDP wrapper for the bare module while validating (``model = model.module``)."""
@@ -143,61 +60,3 @@ class UnwrapEvalCallback(L.Callback):
         """Put the wrapper back for training."""
         rewrap(trainer, self._wrapper)
         self._wrapper = None
-
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Rank 0 exports the plain network; the others wait for nothing (no collective here).
-
-        The one exception: a sharded network without a best checkpoint is gathered from its shards on every
-        rank (a collective) and written by rank 0.
-        """
-        if not self.export or self._spec is None:
-            return
-        if self._other is not None:
-            self._other.stop()  # never called in training: nothing to record after it
-        log_dir = run_directory(trainer)
-        name, net = find_network(unwrap(pl_module), self.net_attribute)
-        best = self._best_path(trainer)
-        row = row_of(trainer.strategy)
-        sharded, gathered = row.shards_parameters, None
-        if best is None and sharded and not trainer.fast_dev_run:  # a collective: every rank
-            gathered = _whole_network_state(trainer, name) if row.stages else _gather_full_state(net)
-        if not trainer.is_global_zero or log_dir is None or trainer.fast_dev_run:
-            return
-        folder = Path(log_dir) / "export"
-        state = None
-        if best is not None:
-            # Read from the file (or the sharded folder), so the in-memory model (what `test` after fit sees)
-            # is untouched.
-            state = match_state_dict(checkpoint_weights(best), net)
-        elif gathered is not None:
-            state = gathered
-        spec = self._spec
-        if self._other is not None:
-            spec = self._other.write(unwrap(net), self._spec, state, folder, sharded)
-        elif spec.get("format") == STATE_DICT_FORMAT:
-            sys.stderr.write(
-                f"warning: {spec['network']}: {spec['reason']}; export/ holds its state dict {EXPORT_WEIGHTS} only "
-                "(build the network in your code and load it with project.export.load_weights)\n"
-            )
-            sys.stderr.flush()
-        if state is not None:
-            self.export_dir = export_state_dict(state, folder, spec)
-        else:
-            self.export_dir = export_network(net, folder, spec)
-
-    def _best_path(self, trainer: L.Trainer) -> str | None:
-        return best_checkpoint_path(trainer) if self.export_best else None  # the checkpoint test after fit takes
-
-
-def _whole_network_state(trainer: L.Trainer, name: str) -> dict[str, Any]:
-    """The network's part of the whole model a strategy of stages gathers itself (call on every rank)."""
-    prefix = f"{name}."
-    whole = trainer.strategy.lightning_module_state_dict()
-    return {key[len(prefix) :]: value for key, value in whole.items() if key.startswith(prefix)}
-
-
-def _gather_full_state(net: nn.Module) -> dict[str, Any]:
-    """The full state dict of a sharded network, gathered from every rank's shards (call on every rank)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

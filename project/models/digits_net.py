@@ -1,7 +1,7 @@
 """The digits network: a plain ``nn.Module`` that imports nothing from Lightning.
 
 It records its constructor arguments in ``init_args`` so that the export step can write
-``{"class_path", "init_args"}`` and :func:`project.export.rebuild` can build it again anywhere.
+``{"class_path", "init_args"}`` and :func:`project.extras.export.weights.rebuild` can build it again anywhere.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from project.checkpoints.background import BackgroundCheckpointIO, CheckpointWri
 from project.checkpoints.loading import safe_load
 from project.checkpoints.resume import RunName, find_resume_checkpoint
 from project.errors import UserError
-from project.export import export_network, rebuild
 
 from helpers import DIGITS, FAST, assert_clean_error, file_hashes, run_cli, run_dirs, two_at_a_time
 
@@ -186,6 +185,9 @@ def _called(marker: str) -> None:
 
 def test_an_export_naming_anything_but_a_network_is_refused_and_runs_nothing(tmp_path):
     """model.json naming a function, or subprocess.Popen: one line, nothing called."""
+    pytest.importorskip("project.extras.export")  # export/ and rebuild are the export layer's
+    from project.extras.export.weights import export_network, rebuild
+
     folder = tmp_path / "export"
     spec_of_linear = {"class_path": "torch.nn.Linear", "init_args": {"in_features": 3, "out_features": 2}}
     export_network(torch.nn.Linear(3, 2), folder, spec_of_linear)

@@ -82,9 +82,10 @@ def test_configure_model_module_is_killed_resumes_tests_and_predicts(tmp_path, l
         assert "another model" not in result.stderr
     test_run = tmp_path / "logs" / "lazy" / "version_1"
     assert (test_run / "plan.json").is_file()
-    predictions = tmp_path / "logs" / "lazy" / "version_2" / "predictions.csv"
-    rows = list(csv.reader(predictions.open()))
-    assert len(rows) - 1 == 45  # the 45 test digits, each once, under either layout
+    if has_layer("predictions"):
+        predictions = tmp_path / "logs" / "lazy" / "version_2" / "predictions.csv"
+        rows = list(csv.reader(predictions.open()))
+        assert len(rows) - 1 == 45  # the 45 test digits, each once, under either layout
 
 
 @pytest.mark.distributed

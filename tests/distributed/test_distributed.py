@@ -59,7 +59,7 @@ def test_export_is_bare_and_rebuilds_to_the_logged_accuracy_without_lightning(dd
     code = (
         "import sys, torch\n"
         "from project.data.arrays import load_digits_tensors, seeded_split, split_sizes\n"
-        "from project.export import rebuild\n"
+        "from project.extras.export.weights import rebuild\n"
         f"net = rebuild({str(ddp_run / 'export')!r})\n"
         "x, y = load_digits_tensors()\n"
         "_, _, test = seeded_split(x, y, split_sizes(len(x), 0.15, 0.15), seed=0)\n"

@@ -32,7 +32,7 @@ from project.parallel.limits import (
 from project.parallel.samplers import EvalShardSampler, GlobalBatchSampler
 from project.parallel.stream import GlobalBatchStream
 
-from helpers import CPU_DDP, DIGITS, FAST, read_plan, read_scalars, run_cli, run_dirs, two_at_a_time
+from helpers import CPU_DDP, DIGITS, FAST, has_layer, read_plan, read_scalars, run_cli, run_dirs, two_at_a_time
 
 VAL = RunningStage.VALIDATING
 
@@ -173,6 +173,7 @@ def test_limit_val_batches_gives_the_same_val_loss_on_1_2_and_4_processes(weight
 
 
 @pytest.mark.distributed
+@pytest.mark.skipif(not has_layer("predictions"), reason="predictions.csv is the predictions layer's")
 def test_limit_predict_batches_writes_the_first_samples_once_on_two_processes(weights, tmp_path):
     args = ["predict", *configs("--config", CPU_DDP), "--ckpt_path", weights]
     result = run_cli([*args, "--trainer.limit_predict_batches", "2"], tmp_path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, run_cli, run_dirs, two_at_a_time
+from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, has_layer, run_cli, run_dirs, two_at_a_time
 
 OWN = str(CONFIGS / "own_module.yaml")
 NO_TEST = ["--model", "user_shapes.NoTestStepModule", "--data", "user_code.PlainDigits", "--trainer.max_epochs", "1"]
@@ -52,9 +52,10 @@ def test_a_language_model_on_dict_batches_fits_predicts_and_resumes_on_two_proce
     config = ["--config", str(run / "config.yaml")]
     predicted = run_cli(["predict", *config, "--ckpt_path", "last"], tmp_path)
     assert predicted.returncode == 0, predicted.stderr[-3000:]
-    rows = (run_dirs(tmp_path, name="own")[-1] / "predictions.csv").read_text().splitlines()
-    assert rows[0] == "index,next_token,probability"
-    assert [int(row.split(",")[0]) for row in rows[1:]] == list(range(100))  # each window once, in order
+    if has_layer("predictions"):
+        rows = (run_dirs(tmp_path, name="own")[-1] / "predictions.csv").read_text().splitlines()
+        assert rows[0] == "index,next_token,probability"
+        assert [int(row.split(",")[0]) for row in rows[1:]] == list(range(100))  # each window once, in order
 
     resumed = run_cli(["fit", *config, "--resume", "auto", "--trainer.max_epochs", "2"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -65,12 +66,15 @@ def test_a_language_model_on_dict_batches_fits_predicts_and_resumes_on_two_proce
     # the export layer adds a program that rebuilds without TinyLM's code.
     from user_shapes import TinyLM
 
-    from project.export import load_weights, rebuild
+    from project.export import load_weights
     from project.layers import installed
+
+    if not any(layer.name == "export" for layer in installed()):
+        return  # export/ is the export layer's
+    from project.extras.export.weights import rebuild
 
     net = TinyLM().net
     load_weights(net, run / "export" / "model.pt")
-    if any(layer.name == "export" for layer in installed()):
-        net = rebuild(run / "export")
+    net = rebuild(run / "export")
     windows = torch.arange(16).reshape(2, 8) % 12  # the recorded windows' length (block 8), another batch size
     assert net(windows).shape == (2, 8, 12)

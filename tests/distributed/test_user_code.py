@@ -19,6 +19,7 @@ from helpers import (
     DIGITS,
     FAST,
     assert_clean_error,
+    has_layer,
     read_plan,
     read_scalars,
     run_cli,
@@ -101,8 +102,10 @@ def test_plain_datamodule_evaluates_each_sample_once_and_predicts_in_dataset_ord
             *(partial(evaluate, tmp_path / f"{command}-{i}", command, last, *layout) for command in ("test", "predict"))
         )
         metrics.append({tag: values[-1][1] for tag, values in read_scalars(tested).items() if tag.startswith("test/")})
-        predictions.append((predicted / "predictions.csv").read_text())
+        predictions.append((predicted / "predictions.csv").read_text() if has_layer("predictions") else "")
     assert metrics[1] == pytest.approx(metrics[0], abs=1e-6)
+    if not has_layer("predictions"):
+        return
     # 45 test samples over 2 processes: 23 + 22, none twice; the same rows, in dataset order.
     assert predictions[1] == predictions[0]
     assert len(predictions[0].splitlines()) == 1 + 45
@@ -142,7 +145,7 @@ def test_a_library_network_is_exported_from_the_config_and_rebuilds(tmp_path):
     spec = json.loads((run / "export" / "model.json").read_text())
     assert spec["class_path"] == "torch.nn.Linear" and spec["init_args"]["out_features"] == 10
     assert "test/acc" in read_scalars(run)
-    from project.export import rebuild
+    from project.extras.export.weights import rebuild
 
     assert isinstance(rebuild(run / "export"), torch.nn.Linear)
 

@@ -98,7 +98,7 @@ def test_only_fit_trains_locks_tracks_tests_after_and_stops_on_a_signal():
         assert [name for name, row in COMMANDS.items() if getattr(row, fact)] == ["fit"], fact
     assert [name for name, row in COMMANDS.items() if row.steps_optimizer and not row.self_test] == ["fit"]
     assert [name for name, row in COMMANDS.items() if row.evaluates] == ["validate", "test", "predict"]
-    assert [name for name, row in COMMANDS.items() if row.writes_predictions] == ["predict"]
+    assert [name for name, row in COMMANDS.items() if row.trainer_method == "predict"] == ["predict"]
     assert {row.builds for row in CORE_COMMANDS if not row.builds_trainer} == {Builds.MODEL_AND_DATA}
     assert all(row.runner is not None for row in COMMANDS.values() if row.builds in (Builds.FILES, Builds.DRIVER))
 

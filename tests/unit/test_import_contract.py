@@ -33,7 +33,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("project.lightning_private", "project.runs", "project.run_guard", "project.run_lock", "project.run_state"),
     ("project.checkpoints",),
     ("project.parallel",),
-    ("project.network_exports", "project.export", "project.models"),
+    ("project.export", "project.models"),
     ("project.callbacks",),
     ("project.run_config",),
     ("project.build",),

@@ -28,11 +28,11 @@ from torch import nn
 from project.checkpoints.atomic import atomic_write
 from project.checkpoints.loading import pickle_allowed
 from project.errors import UserError, first_line
-from project.export import EXPORT_WEIGHTS
+from project.extras.export.network_exports import weights_only
 from project.extras.export.program_check import check_program_file
 from project.extras.export.program_inputs import Example, InputRecorder, leaves
+from project.extras.export.weights import EXPORT_WEIGHTS
 from project.lightning_private import drop_compiled_call
-from project.network_exports import weights_only
 
 PROGRAM_FILE = "model.pt2"
 #: ``model.json``'s ``format`` for a torch.export program.
@@ -161,7 +161,7 @@ def load_program(file: str | os.PathLike[str]) -> nn.Module:
 
 
 class ProgramExport:
-    """The layer's :class:`~project.network_exports.NetworkExport`: ``model.pt2`` beside the state dict.
+    """The layer's :class:`~project.extras.export.network_exports.NetworkExport`: ``model.pt2`` beside the state dict.
 
     Its example inputs are recorded from the network's first forward call in training (rank 0). Its failures are
     not raised: training is over and its checkpoints are written, so a network that torch.export cannot capture

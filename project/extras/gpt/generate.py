@@ -2,7 +2,7 @@
 
 Reproducible by construction: sampling draws from a ``torch.Generator`` of its own, seeded per call, so the
 same network, prompt and seed give the same text in training's ``predict`` and in a plain process that rebuilt
-the export (``project.export.rebuild``); ``temperature=0`` is greedy decoding and draws nothing.
+the export (``project.extras.export.weights.rebuild``); ``temperature=0`` is greedy decoding and draws nothing.
 """
 
 from __future__ import annotations

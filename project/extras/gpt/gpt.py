@@ -8,7 +8,7 @@ out/down. Attention reads its local number of heads from ``q_proj``'s output at 
 q/k/v (fewer heads per rank) need no change here.
 
 The network records its constructor arguments in ``init_args``, its vocabulary included, so an export
-(``project.export``) rebuilds it and decodes its tokens without the corpus.
+(``project.extras.export.weights``) rebuilds it and decodes its tokens without the corpus.
 """
 
 from __future__ import annotations

@@ -22,10 +22,11 @@ from torch import nn
 from user_nets import GatedNet, SequentialClassifier
 
 from project.errors import UserError
-from project.export import load_weights, rebuild
+from project.export import load_weights
 from project.extras.export.export_program import export_program, load_program
 from project.extras.export.program_check import check_program_file
 from project.extras.export.program_inputs import InputRecorder
+from project.extras.export.weights import rebuild
 
 from helpers import DIGITS, FAST, cli_env, read_scalars, run_cli, run_dirs, two_at_a_time
 
@@ -71,7 +72,7 @@ def test_a_network_built_in_init_is_exported_as_a_program_that_rebuilds_without_
     torch.save(x, tmp_path / "x.pt")
     code = (
         "import sys, torch\n"
-        "from project.export import rebuild\n"
+        "from project.extras.export.weights import rebuild\n"
         f"net = rebuild({str(export)!r})\n"
         f"torch.save(net(torch.load({str(tmp_path / 'x.pt')!r})), {str(tmp_path / 'y.pt')!r})\n"
         "assert not {'lightning', 'pytorch_lightning', 'user_nets'} & set(sys.modules), 'imported'\n"

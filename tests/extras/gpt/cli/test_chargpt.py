@@ -55,7 +55,7 @@ def test_predict_writes_the_continuations_and_the_export_writes_them_again_witho
     assert all(len(row["completion"]) == 24 for row in rows)
     code = (
         "import json, sys\n"
-        "from project.export import rebuild\n"
+        "from project.extras.export.weights import rebuild\n"
         "from project.extras.gpt.generate import complete\n"
         f"net = rebuild({str(fitted / 'export')!r})\n"
         "texts = [complete(net, p, 24, temperature=0.8, seed=0) for p in json.loads(sys.argv[1])]\n"

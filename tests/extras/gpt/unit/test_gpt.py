@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from project.errors import UserError
-from project.export import check_rebuildable, export_network, network_spec, rebuild
 from project.extras.gpt.chargpt import CharTextDataModule
 from project.extras.gpt.chartext import (
     TextWindows,
@@ -28,6 +27,11 @@ from project.extras.gpt.token_rate import TokenRate
 from project.plan.layout import Layout
 
 VOCAB = vocabulary("\n .," + string.ascii_letters)
+
+
+def _weights():
+    """The export layer's writer and ``rebuild`` (a test that uses them skips without that layer)."""
+    return pytest.importorskip("project.extras.export.weights")
 
 
 def tiny(**overrides) -> GPT:
@@ -103,7 +107,7 @@ def test_shapes_names_and_init_args():
         assert f"blocks.0.{part}" in names
     assert not any(name.endswith("bias") for name, _ in net.named_parameters())
     assert net.blocks[0].attn.n_head == 2
-    assert network_spec(net)["init_args"]["vocab"] == VOCAB
+    assert _weights().network_spec(net)["init_args"]["vocab"] == VOCAB
     with pytest.raises(ValueError, match="block_size"):
         net(torch.zeros(1, 17, dtype=torch.long))
 
@@ -163,9 +167,9 @@ def test_the_export_rebuilds_without_the_corpus_and_writes_the_same_text(tmp_pat
     net = tiny()
     with torch.no_grad():
         net.lm_head.weight.mul_(50)  # a peaked distribution, so that a difference would show in the text
-    check_rebuildable(network_spec(net), net)
-    export_network(net, tmp_path)
-    rebuilt = rebuild(tmp_path)
+    _weights().check_rebuildable(_weights().network_spec(net), net)
+    _weights().export_network(net, tmp_path)
+    rebuilt = _weights().rebuild(tmp_path)
     assert isinstance(rebuilt, GPT) and rebuilt.vocab == VOCAB and not rebuilt.training
     ids = torch.randint(len(VOCAB), (2, 16))
     with torch.no_grad():

@@ -358,7 +358,7 @@ def test_fsdp_fit_trains_digits_tests_and_exports_a_plain_network(fsdp_run):
     code = (
         "import sys, torch\n"
         "from project.data.arrays import load_digits_tensors, seeded_split, split_sizes\n"
-        "from project.export import rebuild\n"
+        "from project.extras.export.weights import rebuild\n"
         f"net = rebuild({str(fsdp_run / 'export')!r})\n"
         "x, y = load_digits_tensors()\n"
         f"_, _, test = seeded_split(x, y, split_sizes(len(x), {VAL_FRACTION}, 0.15), seed=0)\n"

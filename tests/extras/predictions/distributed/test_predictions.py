@@ -17,13 +17,15 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from project.callbacks import PredictionsWriter, lists_prediction_writer, template_callbacks
-from project.callbacks.prediction_format import Unsplittable, prediction_csv, prediction_table
-from project.run_state import RunState
+from project.commands import COMMANDS
+from project.extras.predictions.hook import prediction_callbacks
+from project.extras.predictions.rows import Unsplittable, prediction_csv, prediction_table
+from project.extras.predictions.writer import PredictionsWriter, lists_prediction_writer
 
 from helpers import CPU_DDP, DIGITS, FAST, assert_clean_error, run_cli, run_dirs, two_at_a_time
 
@@ -103,9 +105,11 @@ class _Mine(BasePredictionWriter):
 def test_the_default_writer_only_where_the_config_lists_none():
     assert lists_prediction_writer([PredictionsWriter()]) and lists_prediction_writer(_Mine())
     assert not lists_prediction_writer(None) and not lists_prediction_writer([L.Callback()])
-    for predictions, expected in ((True, 1), (False, 0)):
-        own = template_callbacks(RunState(), None, None, False, predictions=predictions)
-        assert sum(isinstance(c, PredictionsWriter) for c in own) == expected
+    mine = Namespace(class_path=f"{__name__}._Mine", init_args=Namespace())
+    for name, listed, expected in (("predict", None, 1), ("predict", [mine], 0), ("test", None, 0)):
+        config = Namespace(trainer=Namespace(callbacks=listed))
+        own = prediction_callbacks(None, COMMANDS[name], config)
+        assert sum(isinstance(c, PredictionsWriter) for c in own) == expected, (name, listed)
 
 
 class _Returns(L.LightningModule):
@@ -180,7 +184,7 @@ def test_in_a_trainer_a_bad_batch_stops_predict_and_none_writes_nothing_and_says
 PLAIN = ["--data.class_path", "user_code.PlainDigits", "--data.init_args.bs", "16"]
 SHAPED = ["--model.class_path", "user_code.ShapedPredictions", *PLAIN, "--ckpt_path", "none"]
 LISTED = [
-    "--trainer.callbacks+=project.callbacks.PredictionsWriter",
+    "--trainer.callbacks+=project.extras.predictions.writer.PredictionsWriter",
     "--trainer.callbacks.init_args.filename",
     "listed.csv",
 ]

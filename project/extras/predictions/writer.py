@@ -1,7 +1,8 @@
 """Write what ``predict_step`` returns to ``<run>/predictions.csv``: one row per sample, in dataset order, once each.
 
-Every ``predict`` gets this writer, unless the config lists a prediction writer of its own in
-``trainer.callbacks`` (any :class:`~lightning.pytorch.callbacks.BasePredictionWriter`, this one included).
+The layer's ``callbacks`` hook (:func:`prediction_callbacks`) gives every ``predict`` this writer, unless the config
+lists a prediction writer of its own in ``trainer.callbacks`` (any
+:class:`~lightning.pytorch.callbacks.BasePredictionWriter`, this one included).
 
 Rows are in dataset order, one per sample: the first column, ``index``, is the sample's index in the
 predict dataset (as the sampler drew it; a stream's rows are numbered as they came). Then the prediction,
@@ -22,7 +23,7 @@ not the batch's) stops ``predict`` with one ``error:`` line naming what was retu
 written. A ``predict_step`` that returns ``None`` for every batch writes nothing and says so.
 
 This module collects the rows on every rank and writes them on rank 0; splitting one batch's output into rows
-and the CSV text are :mod:`project.callbacks.prediction_format`.
+and the CSV text are :mod:`project.extras.predictions.rows`.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 
-from project.callbacks.prediction_format import Unsplittable, describe, prediction_csv, prediction_table
 from project.checkpoints.atomic import atomic_write_text
 from project.errors import UserError
+from project.extras.predictions.rows import Unsplittable, describe, prediction_csv, prediction_table
 from project.parallel.collectives import in_process_group
 from project.parallel.samplers import EvalShardSampler
 from project.parallel.strategies import layout_of
@@ -50,7 +51,7 @@ from project.runs import run_directory
 #: What ``predict_step`` may return per batch, for the error that says it returned something else.
 EXPECTED = (
     "one value per sample: a tensor whose first dimension is the batch, a list of one string or number per "
-    "sample, or a tuple, list or dict of those (project/callbacks/predictions.py); or list a prediction writer "
+    "sample, or a tuple, list or dict of those (project/extras/predictions/writer.py); or list a prediction writer "
     "of your own in trainer.callbacks"
 )
 

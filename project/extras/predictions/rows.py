@@ -1,7 +1,7 @@
 """A ``predict_step`` output split into one row of cells per sample, and the rows as ``predictions.csv`` text.
 
 Pure data handling, no Lightning and no processes: which outputs split into per-sample columns and how those
-columns are named and written is the format of :mod:`project.callbacks.predictions` (its module docstring);
+columns are named and written is the format of :mod:`project.extras.predictions.writer` (its module docstring);
 what cannot be split is an :class:`Unsplittable` naming why.
 """
 
@@ -98,7 +98,7 @@ def prediction_table(output: Any, batch_size: int | None) -> tuple[list[str], li
         batch_size: The samples in the batch; ``None`` when unknown: then every column must have the same length.
 
     Raises:
-        Unsplittable: ``output`` is not one value per sample (see :mod:`project.callbacks.predictions`).
+        Unsplittable: ``output`` is not one value per sample (see :mod:`project.extras.predictions.writer`).
     """
     leaves = _leaves(output)
     names = [name for name, _ in leaves]

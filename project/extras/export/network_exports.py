@@ -1,8 +1,8 @@
 """The export of a network that no class path rebuilds (built in a LightningModule's ``__init__``).
 
-A class path and its ``init_args`` rebuild most networks (:mod:`project.export`). For the others a layer may add
-an export of its own (``Layer.network_exports``, a :class:`NetworkExport`), written beside the state dict by
-``UnwrapEvalCallback`` and read back by :func:`project.export.rebuild`. Without one, the export holds the state
+A class path and its ``init_args`` rebuild most networks (:mod:`.weights`). For the others a layer may add an
+export of its own (``Layer.network_exports``, a :class:`NetworkExport`), written beside the state dict by
+:class:`.callback.ExportCallback` and read back by :func:`.weights.rebuild`. Without one, the export holds the state
 dict only, and ``model.json`` says so (:func:`weights_only`). Nothing here imports Lightning.
 """
 
