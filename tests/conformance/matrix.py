@@ -126,8 +126,8 @@ FEATURES: tuple[Feature, ...] = (
         "`BackboneFinetuning(unfreeze_backbone_at_epoch=1)`",
         model="shapes_models.Finetuned",
         options=(callback("lightning.pytorch.callbacks.BackboneFinetuning", unfreeze_backbone_at_epoch=1),),
-        # DDP reduces only what trained when it was built: the guards layer rebuilds it at the unfreezing.
-        needs={"ddp, 2 processes": "guards"},
+        # DDP (zero1's too) reduces only what trained when it was built: the guards layer rebuilds it at the unfreezing.
+        needs={"ddp, 2 processes": "guards", "zero1, 2 processes": "guards"},
     ),
     Feature(
         "StochasticWeightAveraging",
