@@ -74,8 +74,12 @@ def write_lean_config(directory: Path, base_config: str = "configs/digits.yaml")
         return callback["class_path"].endswith(PER_STEP_CALLBACKS)
 
     dropped = [f"{c['class_path'].rsplit('.', 1)[-1]}{c.get('init_args') or ''}" for c in callbacks if per_step(c)]
+    lean: dict = {"trainer": {"callbacks": [c for c in callbacks if not per_step(c)]}}
+    if (REPO / "project/extras/guards/layer.py").is_file():  # the guards layer adds its non-finite check itself
+        lean["nonfinite"] = {"check_every_n_steps": 0}
+        dropped.append("NonFiniteLossCallback(the guards layer's nonfinite section)")
     path = lean_config_path(directory, base_config)
-    path.write_text(yaml.safe_dump({"trainer": {"callbacks": [c for c in callbacks if not per_step(c)]}}))
+    path.write_text(yaml.safe_dump(lean))
     return path, dropped
 
 

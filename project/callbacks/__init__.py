@@ -3,11 +3,10 @@
 Two kinds, each installed one way:
 
 - chosen in the config (``trainer.callbacks``): :class:`BarrierCallback`, :class:`UnwrapEvalCallback`,
-  :class:`NonFiniteLossCallback`, a prediction writer, and any progress bar;
+  a prediction writer, and any progress bar;
 - the template's own, on every run, from :func:`template_callbacks`: the loader guarantees, ``plan.json``,
-  every rank's random state, the monitored-metric check, the unused-parameter check (DDP), the trainable set
-  followed under DDP and kept on resume (:class:`TrainableSetCallback`), the replicas compared at every save
-  (:class:`ReplicaGuard`), the learning-rate scaling and warmup when the ``parallel`` section asks for them, and
+  every rank's random state, the monitored-metric check, the unused-parameter check (DDP),
+  the learning-rate scaling and warmup when the ``parallel`` section asks for them, and
   :class:`ProgressBar` unless the config names a progress bar or turns it off;
 - each layer's (project/extras/), which the builder adds after these.
 """
@@ -22,14 +21,11 @@ from project.callbacks.checks import MonitoredMetricsCheck
 from project.callbacks.learning_rate import LearningRateCallback
 from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.callbacks.model_checks import UnusedParametersCheck
-from project.callbacks.nonfinite import NonFiniteLossCallback
 from project.callbacks.preemption import StopOnSignal
 from project.callbacks.progress import ProgressBar
-from project.callbacks.replica_guard import ReplicaGuard
 from project.callbacks.rng import RandomStateCallback
 from project.callbacks.run_record import RunRecordCallback
 from project.callbacks.timed_checkpoint import TimedCheckpoint
-from project.callbacks.trainable_set import TrainableSetCallback
 from project.callbacks.unwrap import UnwrapEvalCallback
 from project.run_state import RunState
 
@@ -39,14 +35,11 @@ __all__ = [
     "LearningRateCallback",
     "LoaderGuaranteesCallback",
     "MonitoredMetricsCheck",
-    "NonFiniteLossCallback",
     "ProgressBar",
     "RandomStateCallback",
-    "ReplicaGuard",
     "RunRecordCallback",
     "StopOnSignal",
     "TimedCheckpoint",
-    "TrainableSetCallback",
     "UnusedParametersCheck",
     "UnwrapEvalCallback",
     "template_callbacks",
@@ -76,7 +69,5 @@ def template_callbacks(
         own.append(LearningRateCallback(state))
     own += [RunRecordCallback(state), RandomStateCallback(ckpt_path), MonitoredMetricsCheck()]
     own.append(UnusedParametersCheck())  # DDP: parameters that got no gradient, named before the first step
-    # DDP reduces what trains now (fine-tuning), the trainable set survives a resume; replicas compared at each save
-    own += [TrainableSetCallback(), ReplicaGuard(state.built)]
     own += [stop] if stop is not None else []
     return [*own, ProgressBar()] if progress_bar else own

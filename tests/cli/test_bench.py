@@ -149,7 +149,8 @@ def test_ablation_config_drops_only_the_callbacks_that_act_on_every_step(tmp_pat
     path, dropped = write_lean_config(tmp_path, base)
     kept = yaml.safe_load(path.read_text())["trainer"]["callbacks"]
     everything = yaml.safe_load((REPO / base).read_text())["trainer"]["callbacks"]
-    assert len(kept) + len(dropped) == len(everything) and dropped
+    listed = [d for d in dropped if "guards layer" not in d]  # the guards layer's check is off by its own section
+    assert len(kept) + len(listed) == len(everything) and listed
     assert not any(c["class_path"].endswith(("TimedCheckpoint", "NonFiniteLossCallback")) for c in kept)
     args = command("lean", row, tmp_path / "data.pt", tmp_path / "quick.yaml")
     assert args[-3:] == ["--config", str(path), "--trainer.callbacks+=bench.timing.StepTimer"]

@@ -61,6 +61,7 @@ class Feature:
         refused_at_step: Why the feature can only be refused at the step that uses it (it depends on the data): on
             several processes the cell is refused when the run ends with one ``error:`` line and no traceback,
             keeping what it wrote (a run that trained is never undone).
+        needs: Layout -> the layer that makes the feature work there; without the layer its cells do not run.
     """
 
     name: str
@@ -74,6 +75,7 @@ class Feature:
     refusal_is_a_bug: bool = False
     predict: bool = False
     refused_at_step: str = ""
+    needs: dict[str, str] = field(default_factory=dict)
 
     def args(self) -> list[str]:
         """The feature's part of the command line (after the base config and the layout)."""
@@ -124,6 +126,8 @@ FEATURES: tuple[Feature, ...] = (
         "`BackboneFinetuning(unfreeze_backbone_at_epoch=1)`",
         model="shapes_models.Finetuned",
         options=(callback("lightning.pytorch.callbacks.BackboneFinetuning", unfreeze_backbone_at_epoch=1),),
+        # DDP (zero1's too) reduces only what trained when it was built: the guards layer rebuilds it at the unfreezing.
+        needs={"ddp, 2 processes": "guards", "zero1, 2 processes": "guards"},
     ),
     Feature(
         "StochasticWeightAveraging",
@@ -213,6 +217,9 @@ def not_applicable(feature: Feature, layout: str, check: str) -> str | None:
     """Why ``check`` does not apply to ``feature`` on ``layout``, or None when it does."""
     if check in feature.skip:
         return feature.skip[check]
+    layer = feature.needs.get(layout)
+    if layer is not None and not has_layer(layer):
+        return f"the {layer} layer, which makes it work on this layout, is not installed"
     if check == "weights" and layout == REFERENCE:
         return "the reference the 2-process layouts are compared with"
     if check == "resume" and layout != RESUME_LAYOUT:

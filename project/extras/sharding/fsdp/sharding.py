@@ -2,7 +2,7 @@
 
 The networks are sharded bottom-up (each unit of :mod:`project.extras.sharding.fsdp.units`, then each network) after
 every rank took rank 0's weights, as DDP does when it wraps (the verdict on sharded tensors being finite is the
-core's: :func:`project.callbacks.finite.sharded_finite`).
+guards layer's, which reads the strategy row's ``grads_are_dtensors`` and ``shards_parameters``).
 """
 
 from __future__ import annotations

@@ -79,15 +79,6 @@ def fit(cwd: Path, layout: str, *extra: str, config: str | None = None) -> subpr
     return run_cli(["fit", "--config", config or every_10_steps(), "--config", layout, *COMMON, *extra], cwd)
 
 
-def checked_every_step(tmp_path: Path) -> str:
-    """The shared configuration whose non-finite check reads the gradients before every update."""
-    text = Path(every_10_steps()).read_text()
-    assert "check_every_n_steps: 10" in text, "configs/digits.yaml's NonFiniteLossCallback changed"
-    path = tmp_path / "digits-checked-every-step.yaml"
-    path.write_text(text.replace("check_every_n_steps: 10", "check_every_n_steps: 1"))
-    return str(path)
-
-
 def said(result: subprocess.CompletedProcess[str]) -> str:
     return (result.stdout + result.stderr)[-4000:]
 
@@ -460,8 +451,9 @@ def test_raw_ddp_weights_start_an_fsdp_run(fsdp_run, tmp_path):
 @pytest.mark.slow
 def test_a_nan_in_one_ranks_gradient_shard_stops_every_rank_under_fsdp(tmp_path):
     """Each rank holds a shard of the reduced gradients: one rank's nan is seen by all, so every rank stops."""
+    pytest.importorskip("project.extras.guards")  # the non-finite loss check is the guards layer's
     nan_in_rank_0 = ["--model.class_path", "fsdp_faults.NanInOneShard", "--model.init_args.step", "3"]
-    result = fit(tmp_path, CPU_FSDP, *nan_in_rank_0, config=checked_every_step(tmp_path))
+    result = fit(tmp_path, CPU_FSDP, *nan_in_rank_0, "--nonfinite.check_every_n_steps", "1")
     assert result.returncode == 1, said(result)
     assert "Traceback" not in result.stderr, said(result)
     assert "error: the training loss is not finite at step 3 (epoch 0) (rank 0: " in result.stderr, said(result)

@@ -21,9 +21,7 @@ def callback(class_path: str, **init_args) -> str:
 
 
 def test_a_weight_changed_on_one_rank_stops_the_run_at_the_next_save_which_is_never_written(tmp_path):
-    result = run_cli(
-        [*TWO, "--trainer.max_steps", "40", callback("user_guard_shapes.PerturbOneRank", step=13)], tmp_path
-    )
+    result = run_cli([*TWO, "--trainer.max_steps", "40", callback("guard_shapes.PerturbOneRank", step=13)], tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, result.stderr[-3000:]
@@ -40,7 +38,7 @@ def test_a_weight_changed_on_one_rank_stops_the_run_at_the_next_save_which_is_ne
 def test_the_guard_runs_no_collective_on_an_ordinary_step(tmp_path):
     record = tmp_path / "record"
     record.mkdir()
-    count = callback("user_guard_shapes.CountAllReduces", record=str(record))
+    count = callback("guard_shapes.CountAllReduces", record=str(record))
     result = run_cli([*TWO, "--trainer.max_steps", "14", count], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):

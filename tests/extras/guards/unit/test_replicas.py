@@ -1,4 +1,4 @@
-"""The replica guard's checksums (project/parallel/replicas.py): any changed bit changes them, equal tensors agree,
+"""The replica guard's checksums (project/extras/guards/replicas.py): any changed bit changes them, equal tensors agree,
 and the replica rows say which ranks compare (no collective where no row holds two ranks)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from project.parallel.replicas import ReplicaRows, checksum, first_disagreement
+from project.extras.guards.replicas import ReplicaRows, checksum, first_disagreement
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool])

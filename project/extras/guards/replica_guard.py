@@ -6,14 +6,14 @@ state.
 DDP keeps the replicas equal only while every rank applies the same all-reduced gradients to the same weights:
 a parameter outside DDP's reducer (made trainable after DDP was built), a rank-dependent update in a callback, a
 broken collective or a bit flip lets them drift apart without an error, and the checkpoint then holds rank 0's
-weights only. Each rank folds each tensor's bits into one number (:mod:`project.parallel.replicas`) and one
+weights only. Each rank folds each tensor's bits into one number (:mod:`.replicas`) and one
 all-reduce per save compares them; nothing runs on the other steps. A disagreement raises
 :class:`ReplicasDivergedError` from the checkpoint's ``on_save_checkpoint``, which every rank runs before anything
 is written, so the diverged state is never saved and the newest checkpoint stays the previous one.
 
 What is compared: every parameter (its local shard under FSDP or tensor parallelism) and, unless each rank holds
 its own part of it (zero1), every tensor of the optimizers' state, among the ranks that should hold the same
-ones (:class:`~project.parallel.replicas.ReplicaRows`). Buffers are not: without ``broadcast_buffers`` each rank's
+ones (:class:`~.replicas.ReplicaRows`). Buffers are not: without ``broadcast_buffers`` each rank's
 BatchNorm statistics are its own by design.
 """
 
@@ -26,10 +26,10 @@ import lightning as L
 import torch.distributed as dist
 from torch import Tensor
 
-from project.callbacks.nonfinite import _latest_checkpoint
 from project.errors import RunFailure
+from project.extras.guards.nonfinite import _latest_checkpoint
+from project.extras.guards.replicas import ReplicaRows, first_disagreement, state_checksums
 from project.parallel.collectives import process_group_size
-from project.parallel.replicas import ReplicaRows, first_disagreement, state_checksums
 from project.parallel.strategies import row_of
 from project.plan.resolve import Plan
 
@@ -102,7 +102,7 @@ class ReplicaGuard(L.Callback):
         raise ReplicasDivergedError(
             f"the data-parallel replicas diverged by step {step}: {names[index]} differs between ranks, found "
             f"{when}; {kept}. A callback or hook that changes weights on one rank, or trainable parameters DDP "
-            "does not all-reduce, cause this (docs/reliability.md#replica-agreement)"
+            "does not all-reduce, cause this (docs/extras/guards.md#replica-agreement)"
         )
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ FINETUNING = {
     "class_path": "lightning.pytorch.callbacks.BackboneFinetuning",
     "init_args": {"unfreeze_backbone_at_epoch": 1},
 }
-ARGS = ["--model", "user_guard_shapes.BackboneClassifier", "--data", "user_code.PlainDigits", "--data.bs", "16"]
+ARGS = ["--model", "guard_shapes.BackboneClassifier", "--data", "user_code.PlainDigits", "--data.bs", "16"]
 ARGS += ["--config", FAST, "--trainer.max_epochs", "3", "--trainer.limit_val_batches", "2", "--test_after_fit", "false"]
 ARGS += ["--parallel.global_batch_size", "32"]
 FINETUNED = [*ARGS, "--trainer.callbacks+=" + json.dumps(FINETUNING)]
@@ -47,7 +47,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 def test_a_module_unfreezing_itself_mid_epoch_on_two_processes_matches_one(tmp_path):
     """Unfrozen in its own on_train_batch_start (after the template's hook): that step's new gradients are
     averaged by the template before the optimizer step, and DDP is rebuilt for the next."""
-    own = ["--model", "user_guard_shapes.SelfUnfreezing", "--model.unfreeze_step", "30", "--trainer.max_epochs", "1"]
+    own = ["--model", "guard_shapes.SelfUnfreezing", "--model.unfreeze_step", "30", "--trainer.max_epochs", "1"]
     one, two = two_at_a_time(
         partial(fit, tmp_path / "one", *own, args=ARGS),
         partial(fit, tmp_path / "two", *own, "--config", CPU_DDP, args=ARGS),
@@ -85,7 +85,7 @@ def test_a_kill_after_the_unfreezing_resumes_exactly(tmp_path, runs):
 
 
 def test_parameter_groups_a_resume_does_not_rebuild_are_one_line(tmp_path):
-    own = json.dumps({"class_path": "user_guard_shapes.UnfreezeAddingGroup", "init_args": {"epoch": 1}})
+    own = json.dumps({"class_path": "guard_shapes.UnfreezeAddingGroup", "init_args": {"epoch": 1}})
     marker = str(tmp_path / "killed-once")
     kill = {"class_path": "resume_faults.KillOnceAtStep", "init_args": {"step": 65, "marker": marker, "rank": 0}}
     args = ["fit", "--config", own_every_10_steps(), *ARGS, "--trainer.callbacks+=" + own]

@@ -28,9 +28,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
-from project.callbacks.finite import all_finite, gather_ranks, sharded_finite, weights_finite
+from project.callbacks.finite import gather_ranks
 from project.checkpoints import pending
 from project.errors import RunFailure, UserError
+from project.extras.guards.finite import all_finite, sharded_finite, weights_finite
 from project.parallel.strategies import row_of
 
 ACTIONS = ("stop", "skip")

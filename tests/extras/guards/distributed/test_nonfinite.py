@@ -7,7 +7,6 @@ ranks must agree, or rank 0 would apply the nan gradients that the all-reduce br
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,8 +25,8 @@ def all_finite(state: dict[str, torch.Tensor]) -> bool:
 
 
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    # Step 13 is mid-epoch 1 (9 steps per epoch), after the epoch-0 checkpoints. The config's ranks compare
-    # their losses every 10 steps and before every save: epoch 1's steps 9-17, before its checkpoint at 18.
+    # Step 13 is mid-epoch 1 (9 steps per epoch), after the epoch-0 checkpoints. By default (the nonfinite section)
+    # the ranks compare their losses every 10 steps and before every save: epoch 1's steps 9-17, before the save at 18.
     result = run_cli([*FIT, *NAN_ON_RANK_1, "--model.init_args.nan_steps", "[13]"], tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -44,11 +43,10 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint
 
 
 def test_nonfinite_loss_can_skip_the_step_on_every_rank(tmp_path):
-    # `action: skip` set the way a user does: in the config file.
-    config = tmp_path / "digits_skip.yaml"
-    text = Path(DIGITS).read_text().replace("action: stop", "action: skip")
-    config.write_text(text.replace("check_every_n_steps: 10", "check_every_n_steps: 1"))
-    args = [*FIT[:2], str(config), *FIT[3:], *NAN_ON_RANK_1, "--model.init_args.nan_steps", "[3, 13]"]
+    # `action: skip` set the way a user does: in a config file (the guards layer's `nonfinite` section).
+    config = tmp_path / "skip.yaml"
+    config.write_text("nonfinite:\n  action: skip\n  check_every_n_steps: 1\n")
+    args = [*FIT, "--config", str(config), *NAN_ON_RANK_1, "--model.init_args.nan_steps", "[3, 13]"]
     result = run_cli(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     for step, epoch in ((3, 0), (13, 1)):
@@ -63,9 +61,7 @@ def test_nonfinite_loss_can_skip_the_step_on_every_rank(tmp_path):
 
 def test_checking_before_every_update_stops_before_the_bad_one(tmp_path):
     # check_every_n_steps: 1 reads the verdict (the all-reduced gradients) before every update.
-    config = tmp_path / "digits_every_step.yaml"
-    config.write_text(Path(DIGITS).read_text().replace("check_every_n_steps: 10", "check_every_n_steps: 1"))
-    args = [*FIT[:2], str(config), *FIT[3:], *NAN_ON_RANK_1, "--model.init_args.nan_steps", "[13]"]
+    args = [*FIT, "--nonfinite.check_every_n_steps", "1", *NAN_ON_RANK_1, "--model.init_args.nan_steps", "[13]"]
     result = run_cli(args, tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -80,7 +76,7 @@ def test_checking_before_every_update_stops_before_the_bad_one(tmp_path):
 
 
 def test_skip_needs_a_check_before_every_update():
-    from project.callbacks.nonfinite import NonFiniteLossCallback
+    from project.extras.guards.nonfinite import NonFiniteLossCallback
 
     with pytest.raises(ValueError, match="action: skip needs check_every_n_steps: 1"):
         NonFiniteLossCallback(action="skip", check_every_n_steps=10)

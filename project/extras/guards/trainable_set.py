@@ -1,7 +1,7 @@
 """The trainable set (``requires_grad`` of each parameter) followed during fit and restored on resume.
 
 During fit: a fine-tuning callback (Lightning's ``BackboneFinetuning``) or a user's own unfreezing changes which
-parameters train after DDP was built; :mod:`project.parallel.trainable` makes DDP all-reduce them from then on.
+parameters train after DDP was built; :mod:`.trainable` makes DDP all-reduce them from then on.
 The check is a comparison of one tuple of booleans at each batch start and before each optimizer step.
 
 On resume: the checkpoint holds the trainable set and the optimizers' parameter groups (by parameter name).
@@ -19,7 +19,7 @@ import lightning as L
 import torch
 
 from project.errors import UserError
-from project.parallel.trainable import (
+from project.extras.guards.trainable import (
     average_gradients,
     ddp_of,
     rebuild_ddp,
