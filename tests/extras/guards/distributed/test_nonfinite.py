@@ -25,14 +25,15 @@ def all_finite(state: dict[str, torch.Tensor]) -> bool:
 
 
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    # Step 13 is mid-epoch 1 (9 steps per epoch), after the epoch-0 checkpoints. By default (the nonfinite section)
-    # the ranks compare their losses every 10 steps and before every save: epoch 1's steps 9-17, before the save at 18.
+    # Step 13 is mid-epoch 1 (9 steps per epoch), after the epoch-0 checkpoint (saved after step 10, the next epoch's
+    # first). By default (the nonfinite section) the ranks compare their losses every 10 steps and before every save:
+    # epoch 1 (the last, of 2) ends the fit at step 18, whose save is checked first.
     result = run_cli([*FIT, *NAN_ON_RANK_1, "--model.init_args.nan_steps", "[13]"], tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert (
-        "error: the training loss is not finite at step 13 (epoch 1) (rank 1: nan); found before the checkpoint of "
-        "step 18 was written (check_every_n_steps=10); the updates of steps 13 to 17 were applied, never saved"
+        "error: the training loss is not finite at step 13 (epoch 1) (rank 1: nan); found at the end of training "
+        "(check_every_n_steps=10); the updates of steps 13 to 17 were applied, never saved"
     ) in result.stderr
     (run,) = run_dirs(tmp_path)
     last = run / "checkpoints" / "last.ckpt"
