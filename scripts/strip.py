@@ -7,7 +7,8 @@ A layer is a folder ``project/extras/<name>/`` with a ``layer.py``. Stripping it
 - its extras in ``pyproject.toml`` (``<name> = [...]`` and ``<name>-<part> = [...]``, e.g. ``storage`` and
   ``storage-server``, under ``[project.optional-dependencies]``) and their ``--extra`` in the Makefile's lock recipe;
 - every line of README.md and docs/ marked ``<!-- extras:<name> -->``, and every block between a line
-  ``<!-- extras:<name> -->`` and a line ``<!-- /extras:<name> -->``.
+  ``<!-- extras:<name> -->`` and a line ``<!-- /extras:<name> -->``;
+- every cell of ``notebooks/*.ipynb`` tagged ``extras:<name>`` (the cell's metadata ``tags``).
 
 A layer whose ``requires`` names a stripped one goes too (it imports it). Standard library only: it runs before any
 install, and reads each ``layer.py`` as text (``requires=(...)``), so a broken layer cannot stop its own removal.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import re
 import shutil
 import sys
@@ -79,6 +81,16 @@ def unmark(text: str, name: str) -> str:
 EXTRA = r"{name}(?:-[A-Za-z0-9]+)*"
 
 
+def drop_cells(notebook: str, name: str) -> str:
+    """A notebook's JSON text without the cells tagged ``extras:<name>`` (unchanged text when none is)."""
+    data = json.loads(notebook)
+    kept = [cell for cell in data["cells"] if f"extras:{name}" not in cell.get("metadata", {}).get("tags", [])]
+    if len(kept) == len(data["cells"]):
+        return notebook
+    data["cells"] = kept
+    return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+
+
 def drop_extra(pyproject: str, name: str) -> str:
     """``pyproject.toml`` without the layer's optional dependencies (``name = [...]``, ``name-part = [...]``).
 
@@ -120,6 +132,10 @@ def strip(names: list[str], root: Path = ROOT) -> list[str]:
                 text = page.read_text(encoding="utf-8")
                 if unmark(text, name) != text:
                     page.write_text(unmark(text, name), encoding="utf-8")
+        for notebook in sorted((root / "notebooks").glob("*.ipynb")):
+            text = notebook.read_text(encoding="utf-8")
+            if drop_cells(text, name) != text:
+                notebook.write_text(drop_cells(text, name), encoding="utf-8")
         pyproject = root / "pyproject.toml"
         pyproject.write_text(drop_extra(pyproject.read_text(encoding="utf-8"), name), encoding="utf-8")
         makefile = root / "Makefile"

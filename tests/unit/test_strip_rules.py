@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,27 @@ def test_strip_removes_the_layers_folders_and_nothing_else(tmp_path: Path):
     assert removed == ["project/extras/x", "tests/extras/x", "docs/extras/x.md", "configs/x"]
     assert (tmp_path / "README.md").read_text() == "a\n" and (tmp_path / "keep" / "me.py").exists()
     assert (tmp_path / "pyproject.toml").read_text() == "" and "--extra x" not in (tmp_path / "Makefile").read_text()
+
+
+def test_a_notebooks_cells_tagged_for_a_layer_go_and_the_others_stay():
+    notebook = {
+        "cells": [
+            {"cell_type": "code", "metadata": {}, "source": ["keep()"]},
+            {"cell_type": "code", "metadata": {"tags": ["extras:export"]}, "source": ["rebuild()"]},
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    text = json.dumps(notebook, indent=1)
+    assert strip.drop_cells(text, "sweep") == text
+    assert [cell["source"] for cell in json.loads(strip.drop_cells(text, "export"))["cells"]] == [["keep()"]]
+
+
+def test_the_core_notebooks_tag_every_cell_that_needs_a_layer():
+    """A notebook cell that imports a layer is tagged for it, so a stripped checkout runs the rest."""
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            source = "".join(cell["source"])
+            for layer in re.findall(r"project\.extras\.(\w+)", source):
+                assert f"extras:{layer}" in cell.get("metadata", {}).get("tags", []), (path.name, source[:80])
