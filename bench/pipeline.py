@@ -10,10 +10,7 @@ ways of a repeat run one after the other) with its range; the target is at least
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from bench.harness import RowResult
+from typing import Any
 
 #: template / raw tokens/s the pipeline rows aim for (the raw loop is the reference).
 TARGET = 0.95
@@ -51,8 +48,11 @@ class Pipeline:
         ]  # fmt: skip
 
 
-def pipeline_table(results: list[RowResult]) -> list[str]:
-    """A ``## Pipeline parallelism`` section: tokens/s of both ways, template / raw per repeat and its range."""
+def pipeline_table(results: list[Any]) -> list[str]:
+    """A ``## Pipeline parallelism`` section: tokens/s of both ways, template / raw per repeat and its range.
+
+    ``results`` are the harness's ``RowResult``s (not imported: the harness reads the workloads, which read this).
+    """
     found = [result for result in results if result.row.pipeline is not None]
     if not found:
         return []

@@ -205,3 +205,33 @@ def test_the_contract_can_fail(tmp_path: Path) -> None:
         assert floor_of(module_name(lower)) < floor_of("project.cli")
     finally:
         ROOT = saved
+
+
+def test_the_bench_has_no_import_circle() -> None:
+    """bench/ (the harness, its tasks and reports): no module imports itself back, type-only imports included."""
+    bench = {module_name(p): p for p in sorted((ROOT / "bench").rglob("*.py"))}
+    graph = {}
+    for name, path in bench.items():
+        targets = set()
+        for target, _ in imports_of(path):
+            while target and target not in bench:
+                target = target.rpartition(".")[0]
+            if target and target != name and target != "bench":
+                targets.add(target)
+        graph[name] = targets
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                circles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    assert circles == []
