@@ -219,19 +219,4 @@ def test_the_bench_has_no_import_circle() -> None:
             if target and target != name and target != "bench":
                 targets.add(target)
         graph[name] = targets
-    circles: list[list[str]] = []
-    state: dict[str, int] = {}
-
-    def visit(node: str, stack: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                circles.append([*stack[stack.index(nxt) :], nxt])
-            elif nxt not in state:
-                visit(nxt, [*stack, nxt])
-        state[node] = 2
-
-    for start in sorted(graph):
-        if start not in state:
-            visit(start, [start])
-    assert circles == []
+    assert find_circles(graph) == []
