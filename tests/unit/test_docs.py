@@ -202,3 +202,16 @@ def test_make_targets_exist(path):
     named = {match.group(2) for code in _code(path) for match in MAKE.finditer(code)}
     missing = sorted(named - targets)
     assert not missing, f"{_name(path)} names make targets the Makefile lacks: {missing}"
+
+
+def test_a_layers_page_links_no_other_layers_page():
+    """docs/extras/<layer>.md may link the core's pages (``../``), not another layer's, which a strip may remove."""
+    found = [
+        f"{_name(page)}: {target}"
+        for page in sorted(DOCS.glob("extras/*.md"))
+        for line in page.read_text(encoding="utf-8").splitlines()
+        if "<!-- extras:" not in line  # a marked line goes with the layer it names
+        for target in (match.group(1) for match in LINK.finditer(line))
+        if _relative(target) and not target.startswith(("../", "#")) and target.split("#")[0] != page.name
+    ]
+    assert not found, found
