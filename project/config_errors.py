@@ -116,7 +116,7 @@ def _unknown_option(message: str, moved: Mapping[str, str]) -> str | None:
         return f"{key} is now {new}: write --{new} on the command line, or {in_file} in a config file"
     layer = next((layer for name, layer in LAYER_OPTIONS.items() if f"{key}.".startswith(f"{name}.")), None)
     if layer is not None:
-        return f"{key} needs the {layer} layer (project/extras/{layer}), which this checkout does not have; remove the option"
+        return f"{key} needs the {layer} layer (project/extras/{layer}), which this checkout does not have; remove it"
     # The name of another subsection's option: say where it is (parallel.ddp.sharding -> parallel.fsdp.sharding).
     elsewhere = [new for old, new in moved.items() if old.rpartition(".")[2] == option and new != key]
     said = f"unknown option '{option}'" + (f" in {where}" if where else "")
