@@ -16,7 +16,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from jsonargparse import ActionYesNo, Namespace
+from jsonargparse import ActionYesNo
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import BasePredictionWriter
@@ -151,7 +151,7 @@ class ProjectCLI(LightningCLI):
             for on_state in hooks("on_state"):  # the layers' (microbatch: takes micro_batch auto, changes every plan)
                 on_state(self.state, config)
             if self.row.builds_trainer:  # `plan` resolves with the data batch size, and says why a launch would fail
-                self.state.built = self.state.resolve(environment, None, self.configured_lr())
+                self.state.built = self.state.resolve(environment, None)
         plan = self.state.built
         if plan is not None:
             if plan.accelerator == "cpu":
@@ -161,11 +161,6 @@ class ProjectCLI(LightningCLI):
             self.loaders = LoaderGuaranteesCallback(self.state, seed if isinstance(seed, int) else 0, self._resuming())
             # After the plan read the environment: the forked ranks must match it, then Lightning starts none.
             confirm_started_ranks(plan)
-
-    def configured_lr(self) -> float | None:
-        """The learning rate of the config's ``optimizer:`` section, if it has one."""
-        lr = (self.config.get("optimizer") or Namespace()).get("init_args", Namespace()).get("lr")
-        return float(lr) if isinstance(lr, (int, float)) else None
 
     def _resuming(self) -> dict[str, Any] | None:
         """The loader callback's state in the chosen checkpoint (its position and global batch size)."""
@@ -211,11 +206,10 @@ class ProjectCLI(LightningCLI):
             kwargs["profiler"] = NoProfiler()  # Lightning's default without its per-hook cost
         chosen = self.chosen.path if self.chosen is not None else None
         section = self.state.section or ParallelConfig()
-        learning_rate = self.state.section is not None and (section.lr_scaling != "none" or section.warmup_steps > 0)
         configured = listed(trainer_config.get("callbacks"))
         bar = wants_template_progress_bar(trainer_config)
         stop = StopOnSignal(section.stop_signals, section.stop_grace_s) if self.row.stops_on_signal else None
-        own = template_callbacks(self.state, self.loaders, chosen, bar, learning_rate, stop)
+        own = template_callbacks(self.state, self.loaders, chosen, bar, stop)
         # What the model itself must become: float64 before a restore
         shaping: list[L.Callback] = []
         if plan is not None and plan.precision == "64":

@@ -51,6 +51,13 @@ _UNKNOWN = (
 )
 
 
+#: Options that a layer adds, by key (a section's key covers its options) -> the layer: an unknown option that is
+#: one of them says which layer it needs (that layer was stripped), as the core's refusals of a layer's values do.
+LAYER_OPTIONS: Mapping[str, str] = MappingProxyType(
+    {f"parallel.{key}": "lr" for key in ("learning_rate", "lr_scaling", "reference_batch_size", "warmup_steps")}
+)
+
+
 # Where jsonargparse's report names a class path it tried: "Problem with given class_path 'a.B'", a config file's
 # {'class_path': 'a.B'}, --data.class_path's NestedArg(key='class_path', val='a.B'), --model's "a path but a.B".
 _CLASS_PATHS = re.compile(
@@ -107,6 +114,9 @@ def _unknown_option(message: str, moved: Mapping[str, str]) -> str | None:
         new = moved[key]
         in_file = " under ".join(f"`{part}:`" for part in reversed(new.split(".")))
         return f"{key} is now {new}: write --{new} on the command line, or {in_file} in a config file"
+    layer = next((layer for name, layer in LAYER_OPTIONS.items() if f"{key}.".startswith(f"{name}.")), None)
+    if layer is not None:
+        return f"{key} needs the {layer} layer (project/extras/{layer}), which this checkout does not have; remove it"
     # The name of another subsection's option: say where it is (parallel.ddp.sharding -> parallel.fsdp.sharding).
     elsewhere = [new for old, new in moved.items() if old.rpartition(".")[2] == option and new != key]
     said = f"unknown option '{option}'" + (f" in {where}" if where else "")

@@ -62,10 +62,10 @@ def resolve_for_plan(cli: ProjectCLI, loader: Any, unbuilt: str | None) -> Plan:
         known = f"the config's batch_size {data_batch}" if data_batch is not None else "no batch size (fit reads it)"
         notes = (f"{unbuilt}: planned with {known}; the limits in samples are not counted",)
     try:
-        plan = cli.state.resolve(environment, data_batch, cli.configured_lr())
+        plan = cli.state.resolve(environment, data_batch)
     except LaunchMismatchError as error:
         unset = replace(environment, world_size=None, local_world_size=None, num_nodes=None)
-        plan = cli.state.resolve(unset, data_batch, cli.configured_lr())
+        plan = cli.state.resolve(unset, data_batch)
         notes = (*notes, f"will not start under {environment.launcher}: {error}")
     return replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 

@@ -47,14 +47,14 @@ class RunState:
         """The plan as far as the run knows it: ``None`` until a stage starts (then at least :attr:`built`)."""
         return self._plan
 
-    def resolve(self, environment: LaunchEnvironment, data_batch_size: int | None, configured_lr: float | None) -> Plan:
+    def resolve(self, environment: LaunchEnvironment, data_batch_size: int | None) -> Plan:
         """The section resolved on this run's hardware for ``environment``, with every change :meth:`amend` holds.
 
         Raises:
             UserError: the section cannot hold on this hardware (see :func:`resolve_plan`), or a layer refuses it.
         """
         assert self.section is not None and self.hardware is not None, "a run without a parallel section plans nothing"
-        return self._amended(resolve_plan(self.section, self.hardware, environment, data_batch_size, configured_lr))
+        return self._amended(resolve_plan(self.section, self.hardware, environment, data_batch_size))
 
     def with_data_batch(self, batch_size: int | None) -> Plan:
         """The training loader's ``batch_size`` completes the built plan (every layer's change so far kept).

@@ -5,8 +5,7 @@ Two kinds, each installed one way:
 - chosen in the config (``trainer.callbacks``): :class:`BarrierCallback`, :class:`UnwrapEvalCallback`,
   a prediction writer, and any progress bar;
 - the template's own, on every run, from :func:`template_callbacks`: the loader guarantees, ``plan.json``,
-  every rank's random state, the monitored-metric check, the unused-parameter check (DDP),
-  the learning-rate scaling and warmup when the ``parallel`` section asks for them, and
+  every rank's random state, the monitored-metric check, the unused-parameter check (DDP), and
   :class:`ProgressBar` unless the config names a progress bar or turns it off;
 - each layer's (project/extras/), which the builder adds after these.
 """
@@ -18,7 +17,6 @@ from lightning import Callback
 from project.callbacks.barrier import BarrierCallback
 from project.callbacks.best_checkpoint import BestCheckpoint
 from project.callbacks.checks import MonitoredMetricsCheck
-from project.callbacks.learning_rate import LearningRateCallback
 from project.callbacks.loader_guarantees import LoaderGuaranteesCallback
 from project.callbacks.model_checks import UnusedParametersCheck
 from project.callbacks.preemption import StopOnSignal
@@ -32,7 +30,6 @@ from project.run_state import RunState
 __all__ = [
     "BarrierCallback",
     "BestCheckpoint",
-    "LearningRateCallback",
     "LoaderGuaranteesCallback",
     "MonitoredMetricsCheck",
     "ProgressBar",
@@ -51,7 +48,6 @@ def template_callbacks(
     loaders: LoaderGuaranteesCallback | None,
     ckpt_path: str | None,
     progress_bar: bool,
-    learning_rate: bool = False,
     stop: StopOnSignal | None = None,
 ) -> list[Callback]:
     """The callbacks every run gets, in the order they must run (the loaders before the record of them).
@@ -61,12 +57,9 @@ def template_callbacks(
         loaders: The parallel layer's loader callback; ``None`` with ``parallel: null`` (plain Lightning).
         ckpt_path: The checkpoint this process starts from, for the same-checkpoint-on-every-rank check.
         progress_bar: Add :class:`ProgressBar` (Lightning's rich bar, redrawn at most 10 times a second).
-        learning_rate: Add :class:`LearningRateCallback` (the plan scales or warms up the learning rate).
         stop: The stop on a signal (``fit``): every rank stops at the same step and saves it.
     """
     own: list[Callback] = [loaders] if loaders is not None else []
-    if learning_rate and loaders is not None:
-        own.append(LearningRateCallback(state))
     own += [RunRecordCallback(state), RandomStateCallback(ckpt_path), MonitoredMetricsCheck()]
     own.append(UnusedParametersCheck())  # DDP: parameters that got no gradient, named before the first step
     own += [stop] if stop is not None else []

@@ -132,65 +132,28 @@ def _from_global(
     return BatchSizes(_split(global_, dp_size * accumulation, name, what), global_, accumulation)
 
 
-def lr_factor(rule: str, global_batch_size: int | None, reference_batch_size: int | None) -> float | None:
-    """The learning-rate multiplier of ``rule`` (none | linear | sqrt); ``None`` while the global batch is unknown.
-
-    Raises:
-        UserError: a rule without a reference batch size, or sizes below 1.
-    """
-    if rule == "none":
-        return 1.0
-    if reference_batch_size is None or reference_batch_size < 1:
-        raise UserError(
-            f"parallel.lr_scaling={rule!r} needs parallel.reference_batch_size >= 1 (the global batch the learning "
-            f"rate was tuned for), got {reference_batch_size}"
-        )
-    if global_batch_size is None:
-        return None
-    ratio = global_batch_size / reference_batch_size
-    return ratio if rule == "linear" else ratio**0.5
-
-
 @dataclass(frozen=True)
 class BatchRequest:
-    """What the ``parallel`` section asked of the batch and learning rate: completed by the loader's batch size."""
+    """What the ``parallel`` section asked of the batch: completed by the loader's batch size."""
 
     global_batch_size: int | None = None
     per_device_batch_size: int | None = None
     accumulation: int | None = None
     micro_batch: int | str | None = None
-    lr_scaling: str = "none"
-    reference_batch_size: int | None = None
-    warmup_steps: int = 0
-    configured_lr: float | None = None
 
     @classmethod
-    def of(cls, config: ParallelConfig, configured_lr: float | None) -> BatchRequest:
-        """The request of the ``parallel`` section, with the optimizer's configured learning rate."""
-        return cls(
-            config.global_batch_size,
-            config.per_device_batch_size,
-            config.accumulation,
-            config.micro_batch,
-            config.lr_scaling,
-            config.reference_batch_size,
-            config.warmup_steps,
-            configured_lr,
-        )
+    def of(cls, config: ParallelConfig) -> BatchRequest:
+        """The request of the ``parallel`` section."""
+        return cls(config.global_batch_size, config.per_device_batch_size, config.accumulation, config.micro_batch)
 
 
-def _batch_notes(global_data: bool, batch: BatchSizes, request: BatchRequest, factor: float | None) -> list[str]:
-    """What the plan says about its batch: dp's split, the scaled learning rate, the accumulation."""
+def _batch_notes(global_data: bool, batch: BatchSizes) -> list[str]:
+    """What the plan says about its batch: dp's split, the accumulation."""
     notes: list[str] = []
     if global_data and batch.global_ is not None:
         notes.append(
             "dp runs as DDP (Lightning removed DataParallel): one process per GPU instead of threads; "
             f"the global batch {batch.global_} is split into {batch.per_device} per GPU, as DataParallel's scatter did"
-        )
-    if request.lr_scaling != "none" and factor is not None:
-        notes.append(
-            f"learning rates x {factor:g} ({request.lr_scaling}: global batch {batch.global_} against the "
-            f"reference {request.reference_batch_size})"
         )
     if batch.accumulation > 1:
         notes.append(
@@ -203,7 +166,7 @@ def _batch_notes(global_data: bool, batch: BatchSizes, request: BatchRequest, fa
 def batch_fields(
     layout: Layout, request: BatchRequest, data_batch_size: int | None
 ) -> tuple[dict[str, Any], list[str]]:
-    """The plan's batch and learning-rate fields for ``data_batch_size``, and the notes that explain them."""
+    """The plan's batch fields for ``data_batch_size``, and the notes that explain them."""
     size_name = layout.dp_size_name
     scenario = SCENARIOS[layout.scenario]
     batch = resolve_batch(
@@ -216,22 +179,11 @@ def batch_fields(
         size_name,
         request.micro_batch,
     )
-    factor = lr_factor(request.lr_scaling, batch.global_, request.reference_batch_size)
-    notes = _batch_notes(scenario.data_batch_is_global, batch, request, factor)
-    configured = request.configured_lr
+    notes = _batch_notes(scenario.data_batch_is_global, batch)
     fields = {
         "micro_batch": batch.per_device,
         "per_device_batch_size": batch.per_device,
         "global_batch_size": batch.global_,
         "accumulation": batch.accumulation,
-        "learning_rate": {
-            "scaling": request.lr_scaling,
-            "reference_batch_size": request.reference_batch_size,
-            "factor": factor,
-            "warmup_steps": request.warmup_steps,
-            "lr": None
-            if configured is None or factor is None
-            else {"configured": configured, "scaled": configured * factor},
-        },
     }
     return fields, notes

@@ -12,7 +12,6 @@ from project.plan.scenarios import SCENARIO_NAMES
 # The choices come from the scenario table, so a new scenario is a row there (jsonargparse reads the Literal).
 Scenario = Literal[SCENARIO_NAMES]  # type: ignore[valid-type]
 Backend = Literal["auto", "nccl", "gloo"]
-LrScaling = Literal["none", "linear", "sqrt"]
 Launcher = Literal["auto", "ray"]
 Precision = Literal["32", "64", "bf16-mixed", "16-mixed"]
 
@@ -39,7 +38,7 @@ class CoreParallelConfig:
     Each strategy's own options sit in its subsection (``ddp``, and each layer's own, :func:`with_subsections`):
     they mean something to that strategy alone, so a reader sees which options a scenario
     reads, and a new strategy or degree adds a subsection, not more flat fields. What every strategy reads stays
-    flat: the batch (global, per-device, accumulation, micro-batch, learning-rate scaling), the processes and their
+    flat: the batch (global, per-device, accumulation, micro-batch), the processes and their
     launcher (devices, num_nodes, backend, timeout_s, launcher), the model's precision and conversions that apply
     under any strategy (precision, compile, sync_batchnorm), threads and stops. A flat name that moved
     is refused with its new one (:data:`MOVED_FIELDS`).
@@ -63,11 +62,6 @@ class CoreParallelConfig:
             at the start of ``fit`` and made smaller by every rank when a later step runs out of memory on
             one; the global batch stays fixed and the accumulation follows (docs/parallel.md, "Automatic
             micro-batch").
-        lr_scaling: none | linear | sqrt: multiply the optimizer's learning rates by
-            ``global_batch_size / reference_batch_size`` (or its square root), so the same config trains
-            alike with another global batch.
-        reference_batch_size: The global batch the learning rate was tuned for (needed by ``lr_scaling``).
-        warmup_steps: Optimizer steps over which the learning rate rises linearly to its (scaled) value.
         backend: auto (nccl on GPUs, gloo on CPU) | nccl | gloo.
         sync_batchnorm: Convert BatchNorm to SyncBatchNorm (GPUs only).
         timeout_s: Seconds a collective of the process group may wait before failing (the barrier
@@ -93,9 +87,6 @@ class CoreParallelConfig:
     per_device_batch_size: int | None = None
     accumulation: int | None = None
     micro_batch: int | Literal["auto"] | None = None
-    lr_scaling: LrScaling = "none"
-    reference_batch_size: int | None = None
-    warmup_steps: int = 0
     backend: Backend = "auto"
     sync_batchnorm: bool = False
     timeout_s: float = 1800.0

@@ -48,7 +48,6 @@ class Plan:
     per_device_batch_size: int | None
     global_batch_size: int | None
     accumulation: int
-    learning_rate: dict[str, Any]
     backend: str | None
     launcher: str
     launch: dict[str, Any]
@@ -92,7 +91,7 @@ class Plan:
         return data
 
     def with_data_batch(self, data_batch_size: int | None) -> Plan:
-        """This plan with the training loader's batch size applied (its batch, learning rate and their notes).
+        """This plan with the training loader's batch size applied (its batch fields and their notes).
 
         Raises:
             UserError: the batch sizes do not divide or disagree (with the numbers and the fix).
@@ -157,13 +156,11 @@ def resolve_plan(
     hardware: Hardware,
     environment: LaunchEnvironment,
     data_batch_size: int | None,
-    configured_lr: float | None = None,
 ) -> Plan:
     """Resolve and validate the ``parallel`` section for this hardware, launch environment and data batch size.
 
     ``data_batch_size`` is the training loader's batch size where known (``None``: the ranks complete it with
-    :meth:`Plan.with_data_batch`); ``configured_lr`` is the optimizer's learning rate in the config, shown beside
-    its scaled value.
+    :meth:`Plan.with_data_batch`).
 
     Raises:
         UserError: with the bad value, the rule and the fix, for every invalid combination.
@@ -172,7 +169,7 @@ def resolve_plan(
     environment = requested_launcher(config.launcher, environment)
     layout = resolve_layout(config, hardware, environment)
     backend = resolve_backend(config, layout)
-    request = BatchRequest.of(config, configured_lr)
+    request = BatchRequest.of(config)
     batch, batch_notes = batch_fields(layout, request, data_batch_size)
     external = environment.external
     start_method = "fork" if is_interactive() and not external else "popen"

@@ -15,12 +15,10 @@ def resolve_backend(config: ParallelConfig, layout: Layout) -> str | None:
     """The process-group backend (``None`` on one process): auto is nccl on GPUs, gloo on CPU.
 
     Raises:
-        UserError: an unknown backend, nccl on CPU, or SyncBatchNorm on CPU; a timeout or warmup below its minimum.
+        UserError: an unknown backend, nccl on CPU, or SyncBatchNorm on CPU; a timeout below its minimum.
     """
     if config.timeout_s <= 0:
         raise UserError(f"parallel.timeout_s={config.timeout_s} must be > 0 seconds")
-    if config.warmup_steps < 0:
-        raise UserError(f"parallel.warmup_steps={config.warmup_steps} must be >= 0")
     check_stop_settings(config)
     if config.compile:  # the compile layer takes it off the section before the plan is resolved (its on_state hook)
         raise UserError(

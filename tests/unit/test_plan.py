@@ -243,33 +243,3 @@ def test_the_plan_owns_the_accumulation_and_says_it():
     got = plan(0, scenario="cpu", devices=4, global_batch_size=256, per_device_batch_size=16)
     assert trainer_kwargs(got)["accumulate_grad_batches"] == 4 and got.to_dict()["accumulation"] == 4
     assert any("4 micro-batches of 16" in note for note in got.notes)
-
-
-@pytest.mark.parametrize(
-    ("fields", "factor"),
-    [
-        ({}, 1.0),
-        ({"lr_scaling": "linear", "reference_batch_size": 64}, 4.0),
-        ({"lr_scaling": "sqrt", "reference_batch_size": 64}, 2.0),
-        ({"lr_scaling": "linear", "reference_batch_size": 512}, 0.5),
-    ],
-)
-def test_learning_rate_scales_with_the_global_batch_against_the_reference(fields, factor):
-    got = plan(0, scenario="cpu", devices=4, **fields)  # global batch 64 x 4 = 256
-    assert got.learning_rate["factor"] == factor
-    assert got.learning_rate["scaling"] == fields.get("lr_scaling", "none")
-
-
-@pytest.mark.parametrize(
-    ("fields", "words"),
-    [
-        ({"lr_scaling": "linear"}, ["lr_scaling='linear'", "reference_batch_size"]),
-        ({"lr_scaling": "sqrt", "reference_batch_size": 0}, ["reference_batch_size >= 1", "got 0"]),
-        ({"warmup_steps": -1}, ["warmup_steps=-1", ">= 0"]),
-    ],
-)
-def test_learning_rate_settings_are_checked(fields, words):
-    with pytest.raises(UserError) as info:
-        plan(0, scenario="cpu", **fields)
-    for word in words:
-        assert word in str(info.value), str(info.value)

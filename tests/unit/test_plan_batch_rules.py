@@ -1,7 +1,7 @@
-"""The batch and learning-rate rules of the plan at their edges (from the mutation pass, docs/mutation-plan.md).
+"""The batch rules of the plan at their edges (from the mutation pass, docs/mutation-plan.md).
 
 Each test pins a number or a sentence a user reads in ``plan``: the smallest legal sizes, which setting an error
-names, the learning rate the optimizer gets, and which notes appear.
+names, and which notes appear (the learning rate's: tests/extras/lr).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
 LOCAL = LaunchEnvironment(launcher="lightning", external=False)
 
 
-def plan(gpus: int, data_batch: int | None = 64, configured_lr: float | None = None, **fields):
-    return resolve_plan(ParallelConfig(**fields), Hardware(gpus), LOCAL, data_batch, configured_lr)
+def plan(gpus: int, data_batch: int | None = 64, **fields):
+    return resolve_plan(ParallelConfig(**fields), Hardware(gpus), LOCAL, data_batch)
 
 
 def error(gpus: int, data_batch: int | None = 64, **fields) -> str:
@@ -78,41 +78,6 @@ def test_three_sizes_that_disagree_show_their_product():
 
 def test_a_size_below_one_is_named():
     assert "parallel.per_device_batch_size=0 must be >= 1" in error(0, scenario="cpu", per_device_batch_size=0)
-
-
-def test_sqrt_scaling_takes_the_square_root():
-    got = plan(0, data_batch=576, scenario="cpu", lr_scaling="sqrt", reference_batch_size=64)  # 576 / 64 = 9
-    assert got.learning_rate["factor"] == 3.0
-    got = plan(0, data_batch=16, scenario="cpu", lr_scaling="sqrt", reference_batch_size=64)
-    assert got.learning_rate["factor"] == 0.5
-
-
-def test_a_reference_batch_of_one_is_legal():
-    got = plan(0, data_batch=8, scenario="cpu", lr_scaling="linear", reference_batch_size=1)
-    assert got.learning_rate["factor"] == 8.0
-
-
-def test_the_plan_shows_the_configured_and_the_scaled_learning_rate():
-    got = plan(
-        0, configured_lr=0.1, scenario="cpu", devices=2, lr_scaling="linear", reference_batch_size=32, warmup_steps=10
-    )
-    assert got.learning_rate == {
-        "scaling": "linear",
-        "reference_batch_size": 32,
-        "factor": 4.0,
-        "warmup_steps": 10,
-        "lr": {"configured": 0.1, "scaled": 0.4},
-    }
-    assert "learning rates x 4 (linear: global batch 128 against the reference 32)" in got.notes
-    assert plan(0, scenario="cpu").learning_rate["lr"] is None  # no configured rate: nothing to scale
-    unknown = plan(0, data_batch=None, configured_lr=0.1, scenario="cpu", lr_scaling="linear", reference_batch_size=32)
-    assert unknown.learning_rate["factor"] is None and unknown.learning_rate["lr"] is None  # the batch is unknown
-
-
-def test_a_plan_without_scaling_says_nothing_about_learning_rates():
-    got = plan(0, configured_lr=0.1, scenario="cpu", devices=2)
-    assert got.learning_rate["lr"] == {"configured": 0.1, "scaled": 0.1}
-    assert not [note for note in got.notes if "learning rate" in note], got.notes
 
 
 def test_the_dp_note_is_for_dp_only_and_says_the_split():

@@ -11,6 +11,7 @@ from dataclasses import fields
 
 import pytest
 
+from project.config_errors import _unknown_option
 from project.errors import UserError
 from project.plan.config import MOVED_FIELDS
 from project.plan.environment import LaunchEnvironment
@@ -110,6 +111,17 @@ def test_the_flat_names_of_earlier_versions_map_to_their_subsections():
     for old, new in MOVED_FIELDS.items():
         section, _, name = new.partition(".")
         assert old not in flat and hasattr(getattr(ParallelConfig(), section), name)
+
+
+def test_an_option_of_a_stripped_layer_names_the_layer_and_a_moved_one_its_new_name():
+    message = "Parser key \"parallel\":\n  Option 'lr_scaling' is not accepted"
+    assert _unknown_option(message, {}) == (
+        "parallel.lr_scaling needs the lr layer (project/extras/lr), which this checkout does not have; remove it"
+    )
+    moved = {"parallel.lr_scaling": "parallel.learning_rate.lr_scaling"}  # the layer is present: its new name
+    assert _unknown_option(message, moved).startswith("parallel.lr_scaling is now parallel.learning_rate.lr_scaling")
+    unknown = "Parser key \"parallel\":\n  Option 'lr_scale' is not accepted"
+    assert _unknown_option(unknown, {}) == "unknown option 'lr_scale' in parallel"
 
 
 # --- an outside launcher's numbers -----------------------------------------------------------------------------

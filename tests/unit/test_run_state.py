@@ -17,7 +17,6 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from project.callbacks import LoaderGuaranteesCallback, template_callbacks
-from project.callbacks.learning_rate import LearningRateCallback
 from project.callbacks.run_record import RunRecordCallback
 from project.plan.environment import LaunchEnvironment
 from project.plan.resolve import Hardware, ParallelConfig, resolve_plan
@@ -40,7 +39,7 @@ def noted(note: str):
 def test_the_plan_is_replaced_in_order_built_data_batch_and_a_layers_changes():
     state = RunState(ParallelConfig(scenario="cpu", devices=1, global_batch_size=16), Hardware(0))
     assert state.amend(noted("before")) is None  # nothing known yet: the change waits for the plans to come
-    state.built = state.resolve(ONE_PROCESS, None, None)
+    state.built = state.resolve(ONE_PROCESS, None)
     assert state.plan is None and state.built.notes[-1] == "before"
     completed = state.with_data_batch(16)
     assert state.plan is completed and completed.per_device_batch_size == 16 and completed.notes[-1] == "before"
@@ -58,21 +57,19 @@ def test_an_evaluation_only_run_uses_the_built_plan():
 
 def test_a_state_without_a_section_resolves_nothing():
     with pytest.raises(AssertionError, match="plans nothing"):
-        RunState().resolve(ONE_PROCESS, None, None)
+        RunState().resolve(ONE_PROCESS, None)
 
 
 def test_the_callbacks_share_the_builders_state(tmp_path):
     """The loader callback completes the plan and records its guarantee; the record writes that same plan."""
-    state = state_of(global_batch_size=16, lr_scaling="linear", reference_batch_size=8)
+    state = state_of(global_batch_size=16)
     loaders = LoaderGuaranteesCallback(state)
-    own = template_callbacks(state, loaders, None, False, learning_rate=True)
-    shared = [c for c in own if isinstance(c, (LearningRateCallback, RunRecordCallback))]
-    assert len(shared) == 2 and all(c.state is state for c in shared)
+    own = template_callbacks(state, loaders, None, False)
+    shared = [c for c in own if isinstance(c, RunRecordCallback)]
+    assert len(shared) == 1 and all(c.state is state for c in shared)
     trainer = SimpleNamespace(world_size=1, global_rank=0, limit_train_batches=1.0, is_global_zero=True)
     loaders._training(DataLoader(TensorDataset(torch.arange(64).float()), batch_size=16), trainer)
     assert state.plan is not None and state.plan.global_batch_size == 16
-    rate = next(c for c in own if isinstance(c, LearningRateCallback))
-    assert rate._settings()["factor"] == 2.0  # the learning rate reads the completed plan from the same state
     assert state.guarantees["training"]["held"] is True
     record = next(c for c in own if isinstance(c, RunRecordCallback))
     strategy = SimpleNamespace()

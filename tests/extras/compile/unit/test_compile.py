@@ -29,7 +29,7 @@ def state_of(**fields) -> RunState:
     """A run's state after the layer's ``on_state`` hook, its plan resolved with a data batch of 64."""
     state = RunState(ParallelConfig(**fields), Hardware(0))
     take_compile(state, None)
-    state.built = state.resolve(LOCAL, 64, None)
+    state.built = state.resolve(LOCAL, 64)
     return state
 
 

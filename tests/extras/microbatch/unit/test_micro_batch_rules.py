@@ -30,7 +30,7 @@ def state_of(gpus: int = 0, **fields) -> RunState:
 
 
 def plan(data_batch: int | None = 64, gpus: int = 0, **fields):
-    return state_of(gpus, **fields).resolve(LOCAL, data_batch, None)
+    return state_of(gpus, **fields).resolve(LOCAL, data_batch)
 
 
 def error(**fields) -> str:
@@ -96,7 +96,7 @@ def test_refusals_name_the_setting(fields, needle):
 def test_the_state_keeps_auto_through_the_data_batch_and_the_pick():
     state = state_of(scenario="cpu", devices=1, global_batch_size=16, micro_batch="auto")
     assert state.section.micro_batch is None  # the core resolves one whole step per process
-    state.built = state.resolve(LOCAL, None, None)
+    state.built = state.resolve(LOCAL, None)
     assert state.plan is None and state.built.micro_batch == "auto" and state.built.splits_in_step
     completed = state.with_data_batch(16)
     assert completed.micro_batch == "auto" and completed.per_device_batch_size == 16
@@ -109,11 +109,11 @@ def test_the_state_keeps_auto_through_the_data_batch_and_the_pick():
 
 def test_the_search_is_added_to_a_run_under_auto_only():
     auto = state_of(scenario="cpu", devices=1, micro_batch="auto")
-    auto.built = auto.resolve(LOCAL, None, None)
+    auto.built = auto.resolve(LOCAL, None)
     (search,) = micro_batch_callbacks(auto, None, None)
     assert isinstance(search, MicroBatchSearch) and search.state is auto
     fixed = state_of(scenario="cpu", devices=1, micro_batch=8)
-    fixed.built = fixed.resolve(LOCAL, None, None)
+    fixed.built = fixed.resolve(LOCAL, None)
     assert micro_batch_callbacks(fixed, None, None) == []
 
 

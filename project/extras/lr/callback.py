@@ -5,7 +5,8 @@ Scaling multiplies every param group's learning rate, and every scheduler's base
 state (which then carries the scaled rates, so nothing is scaled twice). Warmup multiplies the rate of
 each of the first ``warmup_steps`` optimizer steps by ``(step + 1) / warmup_steps`` and puts the
 scheduled rate back right after the step, so schedulers keep computing from their own values. Both are
-in optimizer steps of the global batch, which are the same at any world size.
+in optimizer steps of the global batch, which are the same at any world size. The builder adds it for a ``fit``
+whose ``parallel.learning_rate`` asks for either (:func:`learning_rate_callbacks`, the layer's ``callbacks`` hook).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class LearningRateCallback(L.Callback):
 
     def _settings(self) -> dict[str, Any]:
         plan = self.state.plan
-        return plan.learning_rate if plan is not None else {}
+        return plan.records.get("learning_rate", {}) if plan is not None else {}
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Multiply every learning rate by the plan's factor (before a resumed run restores its own)."""
@@ -76,3 +77,14 @@ class LearningRateCallback(L.Callback):
                 group["lr"] = lr
             self._scheduled = None
         log_on_logged_steps(pl_module, "train/lr", self._used)
+
+
+def learning_rate_callbacks(state: RunState, row: Any, config: Any) -> list[L.Callback]:
+    """The layer's ``callbacks`` hook: :class:`LearningRateCallback` for a training run that scales or warms up.
+
+    Only a command that trains the configured run (``fit``) changes its rates; a self-test (``check``) keeps them.
+    """
+    section = state.section
+    if section is None or state.built is None or not row.trains or not section.learning_rate.active:
+        return []
+    return [LearningRateCallback(state)]
