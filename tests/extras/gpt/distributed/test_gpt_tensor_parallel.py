@@ -19,7 +19,7 @@ from helpers import CONFIGS, CPU_DDP, read_plan, read_scalars, run_cli, run_dirs
 pytest.importorskip("project.extras.sharding")  # tensor parallelism is the sharding layer's
 
 CHARGPT = str(CONFIGS / "gpt" / "chargpt.yaml")
-FSDP = str(CONFIGS / "parallel" / "cpu_fsdp.yaml")
+FSDP = str(CONFIGS / "sharding" / "cpu_fsdp.yaml")
 NET = "--model.init_args.net.init_args."
 TINY = [
     "--config", CHARGPT,
