@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import CPU_DDP, DIGITS, FAST, cli_env, descendants, free_port, has_layer, run_cli, run_dirs
+from helpers import CONFIGS, CPU_DDP, DIGITS, FAST, cli_env, descendants, free_port, has_layer, run_cli, run_dirs
 
 pytestmark = pytest.mark.distributed
 RUN = Path("logs/digits/version_0")
@@ -213,7 +213,7 @@ def test_sigusr1_then_sigterm_to_torchruns_agent_stop_the_workers_at_one_saved_s
 
 @pytest.mark.skipif(not has_layer("sharding"), reason="fsdp is the sharding layer's")
 def test_a_rank_killed_during_the_fsdp_background_save_of_a_stop_is_named_not_the_disk(tmp_path):
-    fsdp = [a.replace("cpu_ddp.yaml", "cpu_fsdp.yaml") for a in TWO]
+    fsdp = [a.replace(CPU_DDP, str(CONFIGS / "sharding" / "cpu_fsdp.yaml")) for a in TWO]
     stop_and_kill = [callback("SignalAtStep", step=3), callback("KillInShardWrite", step=3, rank=1)]
     result = run_cli([*fsdp, "--trainer.max_steps", "40", *stop_and_kill], tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
