@@ -95,7 +95,7 @@ class Workload:
         """The datamodule's class path."""
         if (extra := task(self.task)) is not None:
             return extra.DATA_CLASS
-        return "project.data.synthetic.SyntheticDataModule"
+        return "bench.synthetic.SyntheticDataModule"
 
     def data_args(self) -> dict[str, Any]:
         """The datamodule's init_args."""

@@ -1,1 +1,1 @@
-"""Datamodules: the embedded digits set and a synthetic set for scale tests and benchmarks."""
+"""Datamodules: the embedded digits set, and the base every template datamodule shares."""

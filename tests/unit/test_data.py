@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.synthetic import SyntheticDataModule
 from project.data.arrays import split_sizes
 from project.data.digits import DigitsDataModule
-from project.data.synthetic import SyntheticDataModule
 
 
 def test_digits_shapes_and_split_sizes():

@@ -104,23 +104,10 @@ def test_the_private_torch_and_callback_names_are_used_in_lightning_private_only
     assert offenders == []
 
 
-def test_the_private_torch_and_callback_names_still_exist():
-    import torch
+def test_the_private_callback_names_still_exist():
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     assert lightning_private.state_key(ModelCheckpoint(), monitor="m", mode="min").startswith("ModelCheckpoint{")
-    net = torch.nn.Linear(2, 2)
-    scheduler = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(net.parameters(), lr=0.5), step_size=1)
-    scheduler.optimizer.param_groups[0]["lr"] = 0.25
-    lightning_private.set_last_lr(scheduler)
-    assert scheduler.get_last_lr() == [0.25]
-    assert lightning_private.compiled_call(net) is None
-    net.compile()
-    assert lightning_private.compiled_call(net) is not None
-    lightning_private.drop_compiled_call(net)
-    assert lightning_private.compiled_call(net) is None
-    assert lightning_private.EMPTY_LOAD_PLANNER.__name__ == "_EmptyStateDictLoadPlanner"
-    assert callable(lightning_private.load_without_process_group)
 
 
 def test_the_trainer_registers_no_signal_handler_once_kept_away():

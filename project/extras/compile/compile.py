@@ -23,7 +23,7 @@ import lightning as L
 from torch import nn
 
 from project.errors import UserError
-from project.lightning_private import compiled_call
+from project.extras.compile.lightning_private import compiled_call
 from project.plan.resolve import Plan
 from project.run_state import RunState
 

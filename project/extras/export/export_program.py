@@ -28,11 +28,11 @@ from torch import nn
 from project.checkpoints.atomic import atomic_write
 from project.checkpoints.loading import pickle_allowed
 from project.errors import UserError, first_line
+from project.extras.export.lightning_private import drop_compiled_call
 from project.extras.export.network_exports import weights_only
 from project.extras.export.program_check import check_program_file
 from project.extras.export.program_inputs import Example, InputRecorder, leaves
 from project.extras.export.weights import EXPORT_WEIGHTS
-from project.lightning_private import drop_compiled_call
 
 PROGRAM_FILE = "model.pt2"
 #: ``model.json``'s ``format`` for a torch.export program.

@@ -16,7 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from project.lightning_private import set_last_lr
+from project.extras.lr.lightning_private import set_last_lr
 from project.models.step_logging import log_on_logged_steps
 from project.run_state import RunState
 

@@ -23,7 +23,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from project.errors import UserError
-from project.lightning_private import chained_schedulers, mark_scheduler_steps
+from project.extras.sharding.lightning_private import chained_schedulers, mark_scheduler_steps
 from project.parallel.ddp import ddp_kwargs
 from project.plan.layout import Layout
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch.distributed as dist
 
 from project.checkpoints import pending
-from project.lightning_private import BATCHES_STEPPED_KEY, dump_checkpoint
+from project.extras.resilience.lightning_private import BATCHES_STEPPED_KEY, dump_checkpoint
 from project.parallel.failures import _LOST_PEER
 from project.parallel.strategies import row_of
 

@@ -11,8 +11,9 @@ import lightning as L
 
 from project.extras.resilience.hang.records import PHASE
 from project.extras.resilience.hang.watch import HangWatch
+from project.extras.resilience.lightning_private import process_group_timeout_s
 from project.launch.ranks import explain_failures_with
-from project.lightning_private import launched_processes, process_group_timeout_s
+from project.lightning_private import launched_processes
 from project.parallel.collectives import in_process_group
 from project.runs import run_directory
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from project.lightning_private import AUTOGRAD_BACKWARD_FRAME, flight_recorder_json
+from project.extras.resilience.lightning_private import AUTOGRAD_BACKWARD_FRAME, flight_recorder_json
 
 #: The last collectives each record keeps (and the Flight Recorder's ring, unless TORCH_FR_BUFFER_SIZE is set).
 LAST_COLLECTIVES = 64

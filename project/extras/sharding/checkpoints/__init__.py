@@ -33,12 +33,12 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 
-from project import lightning_private
+from project.checkpoints.loading import ALLOW_PICKLE_ENV, load_lightning_checkpoint, pickle_allowed, safe_load
+from project.errors import UserError
 
 # dcp_to_torch_save's planner: the public way to read a DCP folder into one process without process group,
 # minus its unrestricted unpickling (torch has no public name for it).
-from project.checkpoints.loading import ALLOW_PICKLE_ENV, load_lightning_checkpoint, pickle_allowed, safe_load
-from project.errors import UserError
+from project.extras.sharding import lightning_private
 from project.extras.sharding.checkpoints.errors import unsafe_error
 
 #: DCP's index of the shards (written last, by rank 0, once every rank has written its shards).

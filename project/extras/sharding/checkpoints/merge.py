@@ -28,7 +28,7 @@ from project.extras.sharding.checkpoints import (
     read_metadata,
 )
 from project.extras.sharding.checkpoints.errors import LOAD_ERRORS, unsafe_error
-from project.lightning_private import load_without_process_group
+from project.extras.sharding.lightning_private import load_without_process_group
 
 
 def _by_position(optimizer_state: dict[str, Any]) -> dict[str, Any]:

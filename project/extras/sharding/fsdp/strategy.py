@@ -47,9 +47,9 @@ from project.extras.sharding.fsdp.sharding import (
     shard_module,
 )
 from project.extras.sharding.fsdp.units import resolve_wrap_classes
+from project.extras.sharding.lightning_private import strategy_timeout
 from project.extras.sharding.plan.tensor_plan import resolve_tensor_plan
 from project.extras.sharding.tensor_parallel import apply_tensor_parallel
-from project.lightning_private import strategy_timeout
 from project.plan.layout import Layout
 
 #: The mesh hybrid sharding shards over: the layout's replicas (across nodes) x shards (within a node).

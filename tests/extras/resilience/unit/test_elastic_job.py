@@ -64,7 +64,7 @@ def test_the_elastic_pytorchjob_runs_the_documented_command_under_torchrun():
 
 
 def test_the_checkpoint_dump_a_survivor_writes_alone_is_still_lightnings_connector_method():
-    # project.lightning_private.dump_checkpoint: the dump of trainer.save_checkpoint without its write and barrier.
+    # The resilience layer's dump_checkpoint: the dump of trainer.save_checkpoint without its write and barrier.
     import lightning as L
 
     trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)

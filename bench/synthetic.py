@@ -1,4 +1,4 @@
-"""A synthetic classification set of any size and width, for scale tests and benchmarks."""
+"""A synthetic classification set of any size and width: the data of the benchmarks' MLP rows."""
 
 from __future__ import annotations
 
