@@ -56,20 +56,39 @@ def describe(value: Any, depth: int = 0) -> str:
     if isinstance(value, Mapping):
         items = ", ".join(f"{key!r}: {describe(sub, depth + 1)}" for key, sub in list(value.items())[:6])
         return f"a dict {{{items}{', ...' if len(value) > 6 else ''}}}"
+    if isinstance(value, (list, tuple)) and len(value) > 3:  # a count, not a dump: the line stays short
+        kinds = "/".join(sorted({type(v).__name__ for v in value}))
+        return f"a {type(value).__name__} of {len(value)} {kinds}"
     if isinstance(value, (list, tuple)):
-        items = ", ".join(describe(sub, depth + 1) for sub in value[:6])
+        items = ", ".join(describe(sub, depth + 1) for sub in value)
         return f"a {type(value).__name__} ({items}{', ...' if len(value) > 6 else ''})"
     return f"a {type(value).__name__}"
 
 
-def _leaves(value: Any, name: str | None = None) -> list[tuple[str, Any]]:
+def _is_per_sample_arrays(value: Any, batch_size: int | None) -> bool:
+    """A list of one tensor/array per sample, of varying shapes (token ids, boxes): one column, a JSON list a cell.
+
+    A list of arrays that each hold the whole batch (first dimension = the batch) is one column per position.
+    """
+    return (
+        isinstance(value, list)
+        and batch_size is not None
+        and len(value) == batch_size
+        and all(isinstance(v, (torch.Tensor, np.ndarray)) for v in value)
+        and not all(v.ndim > 0 and v.shape[0] == batch_size for v in value)
+    )
+
+
+def _leaves(value: Any, batch_size: int | None, name: str | None = None) -> list[tuple[str, Any]]:
     """(column name, per-sample sequence) of each column in ``value``; ``name``: where it sits in the output."""
-    if _is_array(value) or _is_values(value):
+    if _is_array(value) or _is_values(value) or _is_per_sample_arrays(value, batch_size):
         return [(name or "prediction", value)]
     if isinstance(value, Mapping) and value:
-        return [c for key, sub in value.items() for c in _leaves(sub, f"{name}.{key}" if name else str(key))]
+        return [
+            c for key, sub in value.items() for c in _leaves(sub, batch_size, f"{name}.{key}" if name else str(key))
+        ]
     if isinstance(value, (list, tuple)) and value:
-        return [c for i, sub in enumerate(value) for c in _leaves(sub, f"{name or 'prediction'}_{i}")]
+        return [c for i, sub in enumerate(value) for c in _leaves(sub, batch_size, f"{name or 'prediction'}_{i}")]
     what = "one value for the whole batch" if _is_plain(value) else f"{describe(value)}, nothing per sample"
     where = f"column {name!r}" if name else "it"
     raise Unsplittable(f"{where} is {what}")
@@ -87,7 +106,16 @@ def _cells(column: Any) -> list[Any]:
             return array.reshape(array.shape[0]).tolist()
         # default=str: an object array's odd elements still become text, not a crash at the end of predict
         return [json.dumps(row, default=str) for row in array.tolist()]
-    return [v.item() if isinstance(v, (torch.Tensor, np.ndarray, np.generic)) else v for v in column]
+    return [_cell(v) for v in column]
+
+
+def _cell(value: Any) -> Any:
+    """One sample's cell: a plain value as it is, a tensor/array as its number or its JSON list."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.item() if value.ndim == 0 else json.dumps(value.tolist(), default=str)
+    return value
 
 
 def prediction_table(output: Any, batch_size: int | None) -> tuple[list[str], list[list[Any]]]:
@@ -100,7 +128,7 @@ def prediction_table(output: Any, batch_size: int | None) -> tuple[list[str], li
     Raises:
         Unsplittable: ``output`` is not one value per sample (see :mod:`project.extras.predictions.writer`).
     """
-    leaves = _leaves(output)
+    leaves = _leaves(output, batch_size)
     names = [name for name, _ in leaves]
     doubled = sorted({name for name in names if names.count(name) > 1 or name in ("index", "dataloader")})
     if doubled:
@@ -108,6 +136,9 @@ def prediction_table(output: Any, batch_size: int | None) -> tuple[list[str], li
     lengths = {name: _length(column) for name, column in leaves}
     expected = batch_size if batch_size is not None else next(iter(lengths.values()))
     wrong = {name: n for name, n in lengths.items() if n != expected}
+    if len(wrong) > 2:  # e.g. a list per sample read as one column per position: name a few, count the rest
+        first = ", ".join(repr(name) for name in list(wrong)[:2])
+        raise Unsplittable(f"{len(wrong)} columns ({first}, ...) do not have one value each for a batch of {expected}")
     if wrong:
         have = ", ".join(f"column {name!r} has {n}" for name, n in wrong.items())
         raise Unsplittable(f"{have} values for a batch of {expected} samples")

@@ -50,9 +50,8 @@ from project.runs import run_directory
 
 #: What ``predict_step`` may return per batch, for the error that says it returned something else.
 EXPECTED = (
-    "one value per sample: a tensor whose first dimension is the batch, a list of one string or number per "
-    "sample, or a tuple, list or dict of those (project/extras/predictions/writer.py); or list a prediction writer "
-    "of your own in trainer.callbacks"
+    "one value per sample (a tensor whose first dimension is the batch, a list with one entry per sample, or a "
+    "tuple/list/dict of those), or list a prediction writer of your own in trainer.callbacks"
 )
 
 

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from project.commands import COMMANDS
 from project.extras.predictions.hook import prediction_callbacks
-from project.extras.predictions.rows import Unsplittable, prediction_csv, prediction_table
+from project.extras.predictions.rows import Unsplittable, describe, prediction_csv, prediction_table
 from project.extras.predictions.writer import PredictionsWriter, lists_prediction_writer
 
 from helpers import CPU_DDP, DIGITS, FAST, assert_clean_error, run_cli, run_dirs, two_at_a_time
@@ -234,3 +234,19 @@ def test_a_scalar_per_batch_is_one_error_line_and_nothing_written(tmp_path):
         (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]  # rank 0's
         assert "needs one value per sample" in line
         assert not any(d.glob("*.csv") for d in dirs), dirs
+
+
+def test_a_list_of_one_tensor_per_sample_of_varying_length_is_one_column():
+    tokens = [torch.arange(i % 4 + 1) for i in range(B)]
+    assert prediction_table({"tokens": tokens, "score": torch.zeros(B)}, B) == (
+        ["tokens", "score"],
+        [[json.dumps(list(range(i % 4 + 1))), 0.0] for i in range(B)],
+    )
+
+
+def test_a_refusal_of_many_columns_counts_them_in_a_short_line():
+    output = {"tokens": [torch.arange(i % 7 + 1) for i in range(41)], "score": torch.zeros(40)}
+    with pytest.raises(Unsplittable) as raised:
+        prediction_table(output, 40)
+    assert "41 columns ('tokens_0', 'tokens_1', ...)" in str(raised.value) and len(str(raised.value)) < 120
+    assert len(describe(output)) < 80
