@@ -33,9 +33,27 @@ TTL_ENV = "PROJECT_LEASE_TTL_S"
 _DEFAULT_TTL_S = 60.0
 
 
+#: The shortest time to live: the heartbeat renews every third of it, at most once a second.
+_MIN_TTL_S = 3.0
+
+
 def ttl_s() -> float:
-    """The lease's time to live: ``PROJECT_LEASE_TTL_S``, default 60 s."""
-    return float(os.environ.get(TTL_ENV) or _DEFAULT_TTL_S)
+    """The lease's time to live: ``PROJECT_LEASE_TTL_S``, default 60 s.
+
+    Raises:
+        UserError: not a number, or below 3 s (``0`` would renew in a busy loop, a negative one never hold).
+    """
+    text = os.environ.get(TTL_ENV) or str(_DEFAULT_TTL_S)
+    try:
+        ttl = float(text)
+    except ValueError:
+        ttl = float("nan")
+    if not ttl >= _MIN_TTL_S or ttl == float("inf"):
+        raise UserError(
+            f"{TTL_ENV}={text!r}: the lease's time to live must be a number of seconds >= {_MIN_TTL_S:g} "
+            f"(its heartbeat renews every third of it); unset it for {_DEFAULT_TTL_S:g} s"
+        )
+    return ttl
 
 
 @dataclass
@@ -88,7 +106,7 @@ class Lease:
             record = self._fresh()
             try:
                 tag = objects.replace(self.store.fs, self.remote, record, self.tag)
-            except OSError as error:  # the store did not answer this time: try again at the next beat
+            except Exception as error:  # the store did not answer (any client's error): try again at the next beat
                 sys.stderr.write(f"warning: could not renew the run's lease {self.remote}: {error}\n")
                 continue
             if tag is None:

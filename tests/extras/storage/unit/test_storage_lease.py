@@ -83,3 +83,18 @@ def test_of_two_takers_of_an_expired_lease_one_wins(run):
     _, tag = objects.read_json(store.fs, remote)
     assert objects.replace(store.fs, remote, {"token": "a"}, tag) is not None
     assert objects.replace(store.fs, remote, {"token": "b"}, tag) is None  # If-Match on the old ETag fails
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "1", "inf", "nan"])
+def test_a_time_to_live_that_cannot_work_is_refused_in_one_line(monkeypatch, value):
+    monkeypatch.setenv(lease.TTL_ENV, value)
+    with pytest.raises(UserError, match=rf"PROJECT_LEASE_TTL_S='{value}': .* must be a number of seconds >= 3") as e:
+        lease.ttl_s()
+    assert "\n" not in str(e.value)
+
+
+def test_a_time_to_live_of_a_few_heartbeats_is_taken(monkeypatch):
+    monkeypatch.setenv(lease.TTL_ENV, "3")
+    assert lease.ttl_s() == 3.0
+    monkeypatch.delenv(lease.TTL_ENV)
+    assert lease.ttl_s() == 60.0
