@@ -44,8 +44,7 @@ def names_object(path: Any, obj: Any) -> bool:
 def import_failure(path: str) -> str | None:
     """Why the class path ``path`` does not import, in one line naming the module and the cause; None if it does.
 
-    The module is imported again to get the real exception: jsonargparse keeps only its message (or, for a
-    syntax error in the user's module, only "invalid syntax (__init__.py, line 1)", without the file's folder).
+    Imported again for the real exception: jsonargparse keeps only its message (for a syntax error, no file).
     """
     module_name, _, name = path.rpartition(".")
     if not module_name:

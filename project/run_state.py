@@ -1,14 +1,9 @@
 """The run's state: the ``parallel`` section it resolved, its Plan as the run learns more, the loaders' guarantees.
 
-The builder (:class:`project.build.ProjectCLI`) makes one :class:`RunState` before anything is built and hands it
-to the callbacks that need it; no callback holds the plan for the others. The plan is resolved before anything is
-built (:attr:`RunState.built`, :meth:`RunState.resolve`); the training loader's batch size completes it at
-``setup('fit')`` (:meth:`RunState.with_data_batch`), and a layer may change every plan the run makes
-(:meth:`RunState.amend`: the microbatch layer's ``auto``, then its pick at the start of ``fit``): each replaces
-:attr:`RunState.plan` through a method, in that order.
-
-The run directory is not held here: Lightning's ``trainer.log_dir`` is a collective that every rank asks once the
-strategy is set up (:func:`project.runs.run_directory`), which is where its writers ask.
+The builder (:class:`project.build.ProjectCLI`) makes one :class:`RunState` and hands it to the callbacks that need
+it. The plan is resolved before anything is built (:attr:`RunState.built`), completed by the training loader's batch
+size at ``setup('fit')`` (:meth:`RunState.with_data_batch`), and changed by layers (:meth:`RunState.amend`). The run
+directory is not held here: ``trainer.log_dir`` is a collective (:func:`project.runs.run_directory`).
 """
 
 from __future__ import annotations
@@ -27,11 +22,9 @@ class RunState:
     """What one run knows about its layout, shared by the builder and the callbacks.
 
     Attributes:
-        section: The ``parallel`` section as this run resolved it (an elastic restart's batch, the check's timeout);
-            ``None``: ``parallel: null`` (plain Lightning).
+        section: The ``parallel`` section as this run resolved it; ``None``: ``parallel: null`` (plain Lightning).
         hardware: The GPUs resolved against (``--assume_gpus`` for ``plan``); ``None`` with no section.
-        built: The plan resolved before anything was built; ``None`` for ``plan`` (it resolves with the data) and
-            with no section.
+        built: The plan resolved before anything was built; ``None`` for ``plan`` and with no section.
         guarantees: Stage (``training``, ``validation``, ...) -> what holds for its loaders, for ``plan.json``.
     """
 
@@ -51,7 +44,7 @@ class RunState:
         """The section resolved on this run's hardware for ``environment``, with every change :meth:`amend` holds.
 
         Raises:
-            UserError: the section cannot hold on this hardware (see :func:`resolve_plan`), or a layer refuses it.
+            UserError: the section cannot hold on this hardware, or a layer refuses it.
         """
         assert self.section is not None and self.hardware is not None, "a run without a parallel section plans nothing"
         return self._amended(resolve_plan(self.section, self.hardware, environment, data_batch_size))
@@ -60,7 +53,7 @@ class RunState:
         """The training loader's ``batch_size`` completes the built plan (every layer's change so far kept).
 
         Raises:
-            UserError: the batch fields and the layout cannot hold together (see :meth:`Plan.with_data_batch`).
+            UserError: the batch fields and the layout cannot hold together.
         """
         assert self.built is not None, "a run without a parallel section installs no loaders"
         self._plan = self._amended(self.built.with_data_batch(batch_size))

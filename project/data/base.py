@@ -1,8 +1,7 @@
 """The loader settings the project's own tensor datamodules share, and a fast way to batch a TensorDataset.
 
-These are ordinary LightningDataModules with ordinary DataLoaders: world-size-invariant batches and
-exactly-once evaluation come from the parallel layer (``project.parallel.sampler_install``), which works on any
-datamodule's loaders, not from this base class.
+Ordinary LightningDataModules and DataLoaders: world-size-invariant batches and exactly-once evaluation come from
+the parallel layer (``project.parallel.sampler_install``), which works on any datamodule's loaders.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 class TensorBatches(Dataset):
     """A ``TensorDataset`` read a batch at a time: one gather per tensor, not one lookup per sample and a stack.
 
-    The DataLoader hands ``__getitems__`` the sampler's indices for a batch; the result holds the same
-    values, in the same order, as collating the samples one by one (about 3x faster for small samples).
+    ``__getitems__`` gets a batch's indices and returns what collating its samples would (3x faster when small).
     """
 
     def __init__(self, dataset: TensorDataset) -> None:
@@ -31,8 +29,7 @@ class TensorBatches(Dataset):
 
     def __getitems__(self, indices: list[int]) -> list[Tensor]:
         index = torch.as_tensor(indices, dtype=torch.long)
-        # A list, as default_collate makes of tuple samples.
-        return [tensor[index] for tensor in self.dataset.tensors]
+        return [tensor[index] for tensor in self.dataset.tensors]  # a list, as default_collate makes of tuples
 
 
 def collated(batch: list[Tensor]) -> list[Tensor]:
@@ -81,8 +78,7 @@ class TensorDataModule(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not build the {name} set")
         batched = type(dataset) is TensorDataset  # a subclass may change what one sample is
-        # A dataset that gathers a batch itself (``returns_batches``, e.g. the gpt layer's windows) is not collated.
-        collates_itself = batched or getattr(dataset, "returns_batches", False)
+        collates_itself = batched or getattr(dataset, "returns_batches", False)  # e.g. the gpt layer's windows
         return DataLoader(
             TensorBatches(dataset) if batched else dataset,
             batch_size=self.batch_size,
@@ -91,8 +87,7 @@ class TensorDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers,
-            # Its own generator: the shuffling seed, and worker seeds drawn from it rather than from the
-            # global generator, whose draws would shift dropout & co. in a resumed run.
+            # Its own generator: worker seeds drawn from the global one would shift dropout & co. in a resumed run.
             generator=torch.Generator().manual_seed(self.seed),
         )
 

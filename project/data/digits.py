@@ -18,12 +18,7 @@ class DigitsDataModule(TensorDataModule):
             (``batch_size``, ``num_workers``, ``pin_memory``, ``persistent_workers``, ``shuffle``, ``seed``).
     """
 
-    def __init__(
-        self,
-        val_fraction: float = 0.15,
-        test_fraction: float = 0.15,
-        **loader: Any,
-    ) -> None:
+    def __init__(self, val_fraction: float = 0.15, test_fraction: float = 0.15, **loader: Any) -> None:
         super().__init__(**loader)
         self.save_hyperparameters()
         self.val_fraction = val_fraction
