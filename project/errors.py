@@ -27,10 +27,7 @@ class RunFailure(RuntimeError):
 
 
 class Preempted(RunFailure):
-    """Training was stopped by a signal at a step every rank agreed on, and that step was saved: resumable.
-
-    Exit code 75 (``EX_TEMPFAIL``) tells a scheduler it from a failure (1) and a mistake (2): ``fit --resume auto``.
-    """
+    """Stopped by a signal at a step every rank agreed on and saved: exit code 75 (``EX_TEMPFAIL``), resumable."""
 
     exit_code = 75
     #: Every rank stops alike: rank 0 says it, the others end with the same code quietly.
@@ -59,13 +56,12 @@ def exit_with(error: BaseException, code: int = USAGE_EXIT_CODE) -> NoReturn:
     message = " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
     rank = next((os.environ[key] for key in RANK_VARIABLES if os.environ.get(key)), None)
     prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
-    if prefix and getattr(error, "said_by_rank_zero", False):
-        raise SystemExit(code)
     if prefix:
+        if getattr(error, "said_by_rank_zero", False):
+            raise SystemExit(code)
         for hook in BEFORE_RANK_REPORT:
             hook()
-    sys.stderr.write(f"{prefix}error: {message}\n")
-    sys.stderr.flush()
+    print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(code)
 
 

@@ -22,11 +22,7 @@ def _times(path: Path) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class RunDirectoryGuard:
-    """What a run directory and its parents looked like before a run, to undo a run that was refused.
-
-    Lightning creates the run directory (and an event file) before any callback's ``setup``, so a refusal inside
-    the Trainer comes after it. A new run's folder is reserved here (:func:`project.runs.reserve_run_directory`).
-    """
+    """A run directory and its parents before a run, to undo a refused one (Lightning creates it before ``setup``)."""
 
     run_dir: Path | None
     existed: frozenset[Path] = frozenset()
@@ -34,11 +30,7 @@ class RunDirectoryGuard:
 
     @classmethod
     def of(cls, trainer: L.Trainer, continuing: bool) -> RunDirectoryGuard:
-        """Reserve ``trainer``'s run directory (rank 0) and note what existed; ``continuing``: it may hold files.
-
-        Raises:
-            UserError: a run that does not continue would write into a folder that already holds a run.
-        """
+        """Reserve ``trainer``'s run directory (rank 0), noting what existed; only a ``continuing`` run reuses one."""
         logger = trainer.logger
         # root_dir first: asking for log_dir would make the logger choose its version by listing the folders.
         if logger is None or not (getattr(logger, "root_dir", None) or getattr(logger, "log_dir", None)):

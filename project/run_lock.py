@@ -1,15 +1,13 @@
 """One training per run directory: ``<run>/.training.lock``, held by rank 0 for the whole ``fit``.
 
-A second training there (a requeued ``fit --resume auto`` while the old workers live, ``fit --ckpt_path last``)
-would overwrite the first's ``last.ckpt``, events and ``export/``: it is refused in one line naming the holder
-(the file holds its pid and host), before it writes anything. The lock is a POSIX record lock (``fcntl.lockf``):
-the kernel drops it when its process dies, so a killed run's file blocks nothing; forked processes (DataLoader
-workers, the early launcher's ranks) do not inherit it; NFS supports it across hosts. A file system without locks
-(``ENOLCK``, ``EINVAL``: some Lustre mounts) trains without one.
+A second training there would overwrite the first's checkpoints: it is refused, naming the holder (pid and host).
+A POSIX record lock (``fcntl.lockf``) dies with its process, is not inherited by forked ones (DataLoader workers) and
+works over NFS. A file system without locks (``ENOLCK``, ``EINVAL``: some Lustre mounts) trains without one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -45,14 +43,7 @@ class TrainingLock:
 
     @classmethod
     def take(cls, run_dir: Path | str | None, hold: bool = True) -> TrainingLock | Held:
-        """Lock ``run_dir`` for a training (when ``hold``: rank 0 of a ``fit``); one line when another holds it.
-
-        A run directory in object storage is held by the store's lease instead (:meth:`RunStore.hold`): nodes
-        that share no file system share no ``fcntl`` lock.
-
-        Raises:
-            UserError: another process is training in ``run_dir``: its pid, its host and what to do.
-        """
+        """Lock ``run_dir`` for a ``fit`` (``hold``: rank 0), or take a URL store's lease; ``UserError`` if held."""
         if (in_store := active().hold(run_dir, hold)) is not None:
             return in_store
         if not hold or run_dir is None or fcntl is None or not Path(run_dir).is_dir():
@@ -125,12 +116,9 @@ def _read_holder(fd: int) -> dict | None:
     """The holder's record; it writes it right after locking, so an empty file is read again for a moment."""
     deadline = time.monotonic() + _READ_WAIT_S
     while True:
-        try:
-            record = json.loads(os.pread(fd, 4096, 0).decode())
-            if isinstance(record, dict):
+        with contextlib.suppress(OSError, ValueError):
+            if isinstance(record := json.loads(os.pread(fd, 4096, 0).decode()), dict):
                 return record
-        except (OSError, ValueError):
-            pass
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.05)

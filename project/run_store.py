@@ -1,9 +1,4 @@
-"""Where a run directory lives: a local folder, or a URL (``s3://bucket/prefix``) that a layer's store serves.
-
-The core writes records and checkpoints as files and asks this process's :class:`RunStore` only where a URL differs.
-:class:`RunStore` itself is the local disk (each answer is the path itself or nothing: nothing per step). A layer's
-subclass runs in a local cache folder as on a local disk and makes the URL the record.
-"""
+"""Where a run directory lives: a local folder (:class:`RunStore`), or a URL (``s3://...``) a layer's store serves."""
 
 from __future__ import annotations
 
@@ -28,12 +23,9 @@ class Held(Protocol):
 
 
 class RunStore:
-    """A run directory on the local disk: plain paths, nothing uploaded, held by the core's ``fcntl`` lock.
+    """A run directory on the local disk: plain paths, nothing uploaded, held by the core's ``fcntl`` lock."""
 
-    A layer's subclass serves the URL schemes in ``schemes`` (``*``: every URL) and overrides what differs there.
-    """
-
-    #: The URL schemes this store serves (``s3``); ``*`` for every URL; none for the local disk.
+    #: The URL schemes a subclass serves (``s3``); ``*`` for every URL; none for the local disk.
     schemes: tuple[str, ...] = ()
 
     def configure(self, config: Any) -> None:
@@ -125,10 +117,7 @@ def local_copy(path: str, option: str = "--ckpt_path") -> str:
 
 
 def open_run(config: Any) -> RunStore:
-    """Before the checkpoint is chosen: this process's store, chosen by the first logger's ``save_dir``.
-
-    A URL ``save_dir`` becomes the store's local folder in the config; ``--resume auto``/``--ckpt_path last`` pull.
-    """
+    """This process's store, chosen by the first logger's ``save_dir`` (a URL's becomes its local folder)."""
     global _active
     for store in layer_stores():
         store.configure(config)

@@ -25,19 +25,12 @@ def read_scalars(run_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, f
 
 
 def run_directory(trainer: Any) -> str | None:
-    """The run directory, ``trainer.log_dir``: call it on EVERY rank, never under a rank check.
-
-    Lightning broadcasts it from rank 0, a collective: a rank that skips the call leaves the others waiting
-    (Lightning#18148). Every writer of the run directory asks here, then lets rank 0 write.
-    """
+    """``trainer.log_dir``, broadcast from rank 0: call it on EVERY rank, never under a rank check (Lightning#18148)."""
     return trainer.log_dir
 
 
 def run_of_config(configs: list[Any]) -> Path | None:
-    """The run directory whose ``config.yaml`` is among the ``--config`` files (a run's own config), if any.
-
-    ``--ckpt_path last`` and ``--resume auto`` with a run's config mean that run, not the newest run of its name.
-    """
+    """The run whose ``config.yaml`` is a ``--config`` file, if any: ``--resume auto``/``last`` then mean that run."""
     for config in configs:
         path = Path(getattr(config, "absolute", None) or str(config))
         folder = path.parent  # a run directory holds plan.json or checkpoints/ beside its config.yaml
@@ -47,11 +40,7 @@ def run_of_config(configs: list[Any]) -> Path | None:
 
 
 def refuse_unplain_names(logger: Any, version_chosen: bool) -> None:
-    """Refuse a logger's run name (or chosen version) that is a path: the run would be written outside save_dir.
-
-    Raises:
-        UserError: the name or version holds a path separator or is ``..``.
-    """
+    """Refuse (``UserError``) a run name or chosen version that is a path: the run would be written outside save_dir."""
     values = {"name": getattr(logger, "name", "")}
     if version_chosen:  # else the logger would choose it by listing its folders (reading it now would fix it)
         values["version"] = getattr(logger, "version", None)
@@ -69,11 +58,7 @@ def reserve_run_directory(logger: Any) -> Path | None:
     """Create the next ``version_<n>`` folder of ``logger``'s run name atomically and make the logger use it.
 
     Lightning chooses a version by listing the folders, so two runs of one name started at once would share one;
-    ``mkdir`` either creates a folder or fails. Global rank 0 only (``trainer.log_dir`` is broadcast). ``None``:
-    the logger has its version already, or writes to a remote store.
-
-    Raises:
-        UserError: the folder cannot be created (read-only or full disk, a file in the way), or a name is a path.
+    ``mkdir`` either creates a folder or fails. Rank 0 only. ``None``: the version is set, or the store is remote.
     """
     root = getattr(logger, "root_dir", None)
     if root is None or "://" in str(root):

@@ -32,10 +32,7 @@ def seeded_split(
 
 
 def sklearn_data_file(name: str) -> Path:
-    """A data file that ships inside scikit-learn (``sklearn/datasets/data/<name>``), found without importing it.
-
-    ``import sklearn`` takes about 0.7 s (it imports scipy): every process would pay it for one small CSV file.
-    """
+    """A data file shipped in ``sklearn/datasets/data``, found without ``import sklearn`` (0.7 s: it imports scipy)."""
     spec = importlib.util.find_spec("sklearn")
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError("scikit-learn is not installed (pip install scikit-learn): it ships the data")

@@ -1,9 +1,4 @@
-"""Random augmentation that does not depend on the layout: each sample's randomness comes from (seed, epoch, index).
-
-With a global generator, a sample's draws depend on which process and worker handles it, and when: another world
-size or ``num_workers`` would augment it differently. The parallel layer's training sampler hands each index its
-epoch; evaluation indices come without one and are not augmented. Nothing here imports Lightning.
-"""
+"""Random augmentation that does not depend on the layout (world size, workers): each sample's generator is its own."""
 
 from __future__ import annotations
 

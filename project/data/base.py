@@ -1,8 +1,4 @@
-"""The loader settings the project's own tensor datamodules share, and a fast way to batch a TensorDataset.
-
-Ordinary LightningDataModules and DataLoaders: world-size-invariant batches and exactly-once evaluation come from
-the parallel layer (``project.parallel.sampler_install``), which works on any datamodule's loaders.
-"""
+"""Loader settings the project's tensor datamodules share; world-size-invariant batches are the parallel layer's."""
 
 from __future__ import annotations
 
@@ -13,10 +9,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 
 class TensorBatches(Dataset):
-    """A ``TensorDataset`` read a batch at a time: one gather per tensor, not one lookup per sample and a stack.
-
-    ``__getitems__`` gets a batch's indices and returns what collating its samples would (3x faster when small).
-    """
+    """A ``TensorDataset`` read a batch at a time (``__getitems__``): one gather per tensor, about 3x faster."""
 
     def __init__(self, dataset: TensorDataset) -> None:
         self.dataset = dataset
@@ -41,8 +34,7 @@ class TensorDataModule(L.LightningDataModule):
     """Base of the project's datamodules: subclasses build ``self.train_set``/``val_set``/``test_set`` in ``setup``.
 
     Args:
-        batch_size: The training loader's batch size: per device (ddp, cpu), global under dp; the
-            ``parallel`` section's ``global_batch_size`` overrides it.
+        batch_size: The training loader's batch size: per device, global under dp; ``global_batch_size`` overrides it.
         num_workers: DataLoader worker processes (0 loads in the training process).
         pin_memory: Pin host memory for faster GPU copies; ``None`` means "when CUDA is available".
         persistent_workers: Keep workers alive between epochs (only with ``num_workers > 0``).

@@ -1,8 +1,4 @@
-"""The digits network: a plain ``nn.Module`` that imports nothing from Lightning.
-
-Its ``init_args`` (its constructor's arguments) let the export layer write ``{"class_path", "init_args"}`` and
-rebuild it anywhere (:func:`project.extras.export.weights.rebuild`).
-"""
+"""The digits network: a plain ``nn.Module`` whose ``init_args`` let the export layer rebuild it anywhere."""
 
 from __future__ import annotations
 

@@ -10,11 +10,7 @@ from torch import nn
 
 
 def save_config_hyperparameters(module: L.LightningModule, network: str) -> None:
-    """``module.save_hyperparameters()`` for the caller's ``__init__``, leaving out its argument ``network`` if live.
-
-    Under LightningCLI the network is the config's class_path and init_args (what ``export/model.json`` records);
-    built by hand it is an ``nn.Module``, which would be pickled into every checkpoint (``weights_only`` refuses).
-    """
+    """``module.save_hyperparameters()`` for the caller's ``__init__``, without pickling a live ``network`` module."""
     frame = inspect.currentframe().f_back  # the caller's __init__, whose arguments are the hyperparameters
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice to ignore a module argument: done just below
