@@ -12,11 +12,7 @@ from typing import Any
 
 
 def import_object(path: str) -> Any:
-    """The object ``path`` names.
-
-    Raises:
-        ImportError, AttributeError, ValueError: the module or the name does not exist, or ``path`` has no module.
-    """
+    """The object ``path`` names (ImportError, AttributeError; ValueError when ``path`` names no module)."""
     module, sep, name = path.rpartition(":") if ":" in path else path.rpartition(".")
     if not sep or not module:
         raise ValueError(f"{path!r} is not an import path (package.module.Name)")
@@ -42,11 +38,7 @@ def names_object(path: Any, obj: Any) -> bool:
 
 
 def import_failure(path: str) -> str | None:
-    """Why the class path ``path`` does not import, in one line naming the module and the cause; None if it does.
-
-    The module is imported again to get the real exception: jsonargparse keeps only its message (or, for a
-    syntax error in the user's module, only "invalid syntax (__init__.py, line 1)", without the file's folder).
-    """
+    """Why the class path ``path`` does not import, in one line (None if it does): jsonargparse keeps no traceback."""
     module_name, _, name = path.rpartition(".")
     if not module_name:
         return None

@@ -13,8 +13,6 @@ T = TypeVar("T")
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "LOCAL_RANK")
 #: Exit code for bad input, the same that argparse/jsonargparse use for a bad command line.
 USAGE_EXIT_CODE = 2
-
-
 #: Called before a rank other than 0 reports its error. A rank forked with rank 0 (the early layer, project/extras/)
 #: registers a wait here: it fails before the ranks met at the same mistake as rank 0, which reports it once.
 BEFORE_RANK_REPORT: list[Callable[[], None]] = []
@@ -29,11 +27,7 @@ class RunFailure(RuntimeError):
 
 
 class Preempted(RunFailure):
-    """Training was stopped by a signal at a step every rank agreed on, and that step was saved: resumable.
-
-    Its exit code, 75 (``EX_TEMPFAIL``: "try again later"), tells a scheduler or a restart loop apart from a
-    failure (1) and a mistake (2); ``fit --resume auto`` continues from the saved step.
-    """
+    """Stopped by a signal at a step every rank agreed on and saved: exit code 75 (``EX_TEMPFAIL``), resumable."""
 
     exit_code = 75
     #: Every rank stops alike: rank 0 says it, the others end with the same code quietly.
@@ -56,20 +50,18 @@ def debug_enabled() -> bool:
 
 
 def exit_with(error: BaseException, code: int = USAGE_EXIT_CODE) -> NoReturn:
-    """Print ``error: <message>`` on stderr and exit with ``code``."""
+    """Print ``error: <message>`` (its lines folded into one) on stderr and exit with ``code``."""
     if debug_enabled():
         raise error
-    # One line: the message's lines folded together (PROJECT_DEBUG=1 shows the traceback instead).
     message = " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
     rank = next((os.environ[key] for key in RANK_VARIABLES if os.environ.get(key)), None)
     prefix = f"[rank {rank}] " if rank not in (None, "0") else ""
-    if prefix and getattr(error, "said_by_rank_zero", False):
-        raise SystemExit(code)
     if prefix:
+        if getattr(error, "said_by_rank_zero", False):
+            raise SystemExit(code)
         for hook in BEFORE_RANK_REPORT:
             hook()
-    sys.stderr.write(f"{prefix}error: {message}\n")
-    sys.stderr.flush()
+    print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(code)
 
 

@@ -1,7 +1,4 @@
-"""Plain weights in: raw DP/DDP (``module.``), compiled and Lightning state dicts loaded into a bare network.
-
-Nothing here imports Lightning. Writing ``export/`` and rebuilding a network from it is the export layer's.
-"""
+"""Plain weights in: raw DP/DDP, compiled and Lightning state dicts loaded into a bare network (no Lightning import)."""
 
 from __future__ import annotations
 
@@ -30,21 +27,13 @@ def _state_dict_of(obj: Any, path: Path) -> dict[str, torch.Tensor]:
 
 
 def _strip_wrappers(key: str) -> str:
-    changed = True
-    while changed:
-        changed = False
-        for prefix in _WRAPPER_PREFIXES:
-            if key.startswith(prefix):
-                key, changed = key[len(prefix) :], True
+    while prefix := next((p for p in _WRAPPER_PREFIXES if key.startswith(p)), None):
+        key = key[len(prefix) :]
     return key
 
 
 def match_state_dict(state: dict[str, torch.Tensor], net: nn.Module) -> dict[str, torch.Tensor]:
-    """Map keys of a raw DP/DDP, compiled or Lightning state dict onto ``net``'s own keys.
-
-    Wrapper prefixes (``module.``, ``_orig_mod.``) are dropped, then the prefix under which a
-    LightningModule held the network (e.g. ``net.``) is found from the keys themselves.
-    """
+    """Map a raw DP/DDP, compiled or Lightning state dict's keys onto ``net``'s: wrapper, then module prefixes go."""
     stripped = {_strip_wrappers(k): v for k, v in state.items()}
     wanted = set(net.state_dict())
     if wanted <= set(stripped):
@@ -62,23 +51,13 @@ def match_state_dict(state: dict[str, torch.Tensor], net: nn.Module) -> dict[str
     return stripped
 
 
-def _read_weights(file: Path) -> Any:
-    """What a weights file holds; a layer's checkpoint folder (sharded) is merged into one Lightning checkpoint."""
-    return read_weights(file)
-
-
 def load_weights(net: nn.Module, path: str | os.PathLike[str]) -> None:
-    """Load a plain, DataParallel/DDP (``module.``) or Lightning ``.ckpt`` state dict into ``net``.
+    """Load a plain, DataParallel/DDP (``module.``), Lightning ``.ckpt`` or sharded (merged) state dict into ``net``.
 
-    Also a sharded checkpoint folder (``scenario: fsdp``), merged here. The network is loaded before any
-    sharding, so raw DP/DDP weights start an FSDP run just as they start a DDP one.
-
-    Raises:
-        UserError: the file is missing, unsafe, corrupt, or its keys/shapes do not fit ``net``
-            (the message lists missing and unexpected keys).
+    Loaded before any sharding (DP/DDP weights start an FSDP run too); a ``UserError`` if unreadable or unfitting.
     """
     file = Path(path)
-    state = match_state_dict(_state_dict_of(_read_weights(file), file), net)
+    state = match_state_dict(_state_dict_of(read_weights(file), file), net)
     diff = diff_state_dicts(state, net.state_dict())
     if diff:
         raise UserError(

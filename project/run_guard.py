@@ -17,19 +17,12 @@ if TYPE_CHECKING:
 
 
 def _times(path: Path) -> tuple[int, int]:
-    return path.stat().st_atime_ns, path.stat().st_mtime_ns
+    return (stat := path.stat()).st_atime_ns, stat.st_mtime_ns
 
 
 @dataclass(frozen=True)
 class RunDirectoryGuard:
-    """What a run directory and its parents looked like before a run, to undo a run that was refused.
-
-    Lightning creates the logger's run directory (and an event file) before any callback's ``setup``, so a
-    refusal inside the Trainer (a global batch that cannot work, a monitor the sanity check does not see)
-    comes after it: :meth:`undo` removes what the refused run added and gives the folders their times back.
-    A new run's folder is created here, atomically (:func:`project.runs.reserve_run_directory`), so that two
-    runs started at once never share one.
-    """
+    """A run directory and its parents before a run, to undo a refused one (Lightning creates it before ``setup``)."""
 
     run_dir: Path | None
     existed: frozenset[Path] = frozenset()
@@ -37,15 +30,7 @@ class RunDirectoryGuard:
 
     @classmethod
     def of(cls, trainer: L.Trainer, continuing: bool) -> RunDirectoryGuard:
-        """Reserve ``trainer``'s run directory (``logs/<name>/version_<n>``, rank 0) and note what existed.
-
-        Args:
-            trainer: The built Trainer; its first logger names the run directory.
-            continuing: The command continues a run (``fit`` from a checkpoint of it): its folder may hold files.
-
-        Raises:
-            UserError: a run that does not continue would write into a folder that already holds a run.
-        """
+        """Reserve ``trainer``'s run directory (rank 0), noting what existed; only a ``continuing`` run reuses one."""
         logger = trainer.logger
         # root_dir first: asking for log_dir would make the logger choose its version by listing the folders.
         if logger is None or not (getattr(logger, "root_dir", None) or getattr(logger, "log_dir", None)):
@@ -58,8 +43,7 @@ class RunDirectoryGuard:
         run_dir = reserved or Path(logger.log_dir)
         if reserved is None and run_dir.exists():  # a resumed run's (or a pinned version's): keep what is there
             held = sorted(p.relative_to(run_dir) for p in run_dir.iterdir())
-            # Rank 0 alone decides: another rank lists the folders on its own, and may pick the version rank 0
-            # reserved a moment before (and finds rank 0's lock in it).
+            # Rank 0 alone decides: another rank may list the version rank 0 reserved a moment before.
             if held and not continuing and trainer.is_global_zero:
                 raise UserError(
                     f"the run directory {run_dir} already holds a run ({', '.join(map(str, held[:3]))}); a new run "
@@ -74,7 +58,6 @@ class RunDirectoryGuard:
         """Remove what the run added, deepest first, and restore the folders' times: as if it never started."""
         if self.run_dir is None:
             return
-        chain = (self.run_dir, self.run_dir.parent, self.run_dir.parent.parent)
         if self.run_dir not in self.existed:
             active().unreserve(self.run_dir)  # a run directory in object storage: its reservation there too
         added = [p for p in self.run_dir.rglob("*") if p not in self.existed] if self.run_dir.exists() else []
@@ -83,7 +66,7 @@ class RunDirectoryGuard:
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
-        for folder in chain:
+        for folder in (self.run_dir, self.run_dir.parent, self.run_dir.parent.parent):
             if folder not in self.existed:
                 shutil.rmtree(folder, ignore_errors=True)
         for folder, times in self.times:

@@ -1,20 +1,13 @@
 """One training per run directory: ``<run>/.training.lock``, held by rank 0 for the whole ``fit``.
 
-A second training in a run directory that is training (a requeued ``fit --resume auto`` while the old workers still
-live, a second ``--resume auto``, ``fit --ckpt_path last``) would write the same ``last.ckpt``, events and
-``export/`` as the first. Rank 0 (of node 0) locks the file before training starts and keeps it locked to the end
-of the command; a second ``fit`` finds it locked and is refused in one line naming the holder (the file holds its
-pid and host), before it writes anything.
-
-The lock is a POSIX record lock (``fcntl.lockf``): the kernel drops it when its process dies, however it dies, so a
-file left by a killed run blocks nothing (the next run takes it over); it is not inherited by forked processes
-(DataLoader workers, the early launcher's ranks), which therefore cannot hold it after rank 0 is gone; and NFS
-supports it across hosts. A file system without locks (``ENOLCK``, ``EINVAL``: some Lustre mounts) trains without
-one. The holder removes the file when it ends.
+A second training there would overwrite the first's checkpoints: it is refused, naming the holder (pid and host).
+A POSIX record lock (``fcntl.lockf``) dies with its process, is not inherited by forked ones (DataLoader workers) and
+works over NFS. A file system without locks (``ENOLCK``, ``EINVAL``: some Lustre mounts) trains without one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -34,10 +27,8 @@ except ImportError:  # Windows: no POSIX locks; nothing is locked
 
 #: The lock file, in the run directory (``logs/<name>/version_<n>``).
 LOCK_NAME = ".training.lock"
-#: Seconds a refused run waits for the holder's pid to appear in a file it has just locked.
-_READ_WAIT_S = 2.0
-# What lockf raises when another process holds the lock.
-_HELD = (errno.EACCES, errno.EAGAIN)
+_READ_WAIT_S = 2.0  # how long a refused run waits for the holder's pid to appear in a file it has just locked
+_HELD = (errno.EACCES, errno.EAGAIN)  # what lockf raises when another process holds the lock
 
 
 @dataclass
@@ -52,16 +43,8 @@ class TrainingLock:
 
     @classmethod
     def take(cls, run_dir: Path | str | None, hold: bool = True) -> TrainingLock | Held:
-        """Lock ``run_dir`` for a training (when ``hold``: rank 0 of a ``fit``); one line when another holds it.
-
-        A run directory in object storage (its scratch cache here) is held by the store's lease instead
-        (:meth:`project.run_store.RunStore.hold`): nodes that share no file system share no ``fcntl`` lock.
-
-        Raises:
-            UserError: another process is training in ``run_dir``: its pid, its host and what to do.
-        """
-        in_store = active().hold(run_dir, hold)
-        if in_store is not None:
+        """Lock ``run_dir`` for a ``fit`` (``hold``: rank 0), or take a URL store's lease; ``UserError`` if held."""
+        if (in_store := active().hold(run_dir, hold)) is not None:
             return in_store
         if not hold or run_dir is None or fcntl is None or not Path(run_dir).is_dir():
             return cls()
@@ -77,15 +60,16 @@ class TrainingLock:
             except OSError as error:
                 holder = _read_holder(fd) if error.errno in _HELD else None
                 os.close(fd)
-                if error.errno in _HELD:
-                    raise UserError(_refusal(Path(run_dir), holder)) from None
-                return cls()  # no locks on this file system
+                if error.errno not in _HELD:
+                    return cls()  # no locks on this file system
+                raise UserError(_refusal(Path(run_dir), holder)) from None
             if _same_file(fd, path):
                 break
             os.close(fd)  # we locked a removed file; the next open finds the current one
         else:
             return cls()
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
+        since = datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": since}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         return cls(path, fd, before, _times(path.parent)[1])
@@ -132,12 +116,9 @@ def _read_holder(fd: int) -> dict | None:
     """The holder's record; it writes it right after locking, so an empty file is read again for a moment."""
     deadline = time.monotonic() + _READ_WAIT_S
     while True:
-        try:
-            record = json.loads(os.pread(fd, 4096, 0).decode())
-            if isinstance(record, dict):
+        with contextlib.suppress(OSError, ValueError):
+            if isinstance(record := json.loads(os.pread(fd, 4096, 0).decode()), dict):
                 return record
-        except (OSError, ValueError):
-            pass
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.05)
@@ -145,16 +126,10 @@ def _read_holder(fd: int) -> dict | None:
 
 def _same_file(fd: int, path: Path) -> bool:
     try:
-        mine, there = os.fstat(fd), os.stat(path)
+        return os.path.samestat(os.fstat(fd), os.stat(path))
     except OSError:
         return False
-    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _times(folder: Path) -> tuple[int, int]:
-    stat = folder.stat()
-    return stat.st_atime_ns, stat.st_mtime_ns
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
+    return (stat := folder.stat()).st_atime_ns, stat.st_mtime_ns

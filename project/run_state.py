@@ -1,14 +1,7 @@
 """The run's state: the ``parallel`` section it resolved, its Plan as the run learns more, the loaders' guarantees.
 
-The builder (:class:`project.build.ProjectCLI`) makes one :class:`RunState` before anything is built and hands it
-to the callbacks that need it; no callback holds the plan for the others. The plan is resolved before anything is
-built (:attr:`RunState.built`, :meth:`RunState.resolve`); the training loader's batch size completes it at
-``setup('fit')`` (:meth:`RunState.with_data_batch`), and a layer may change every plan the run makes
-(:meth:`RunState.amend`: the microbatch layer's ``auto``, then its pick at the start of ``fit``): each replaces
-:attr:`RunState.plan` through a method, in that order.
-
-The run directory is not held here: Lightning's ``trainer.log_dir`` is a collective that every rank asks once the
-strategy is set up (:func:`project.runs.run_directory`), which is where its writers ask.
+Resolved before anything is built, the plan is completed by the training loader's batch size at ``setup('fit')``
+and changed by layers (:meth:`RunState.amend`). The run directory is not here: ``trainer.log_dir`` is a collective.
 """
 
 from __future__ import annotations
@@ -24,20 +17,15 @@ from project.plan.resolve import Plan, resolve_plan
 
 @dataclass
 class RunState:
-    """What one run knows about its layout, shared by the builder and the callbacks.
+    """What one run knows about its layout, shared by the builder and the callbacks."""
 
-    Attributes:
-        section: The ``parallel`` section as this run resolved it (an elastic restart's batch, the check's timeout);
-            ``None``: ``parallel: null`` (plain Lightning).
-        hardware: The GPUs resolved against (``--assume_gpus`` for ``plan``); ``None`` with no section.
-        built: The plan resolved before anything was built; ``None`` for ``plan`` (it resolves with the data) and
-            with no section.
-        guarantees: Stage (``training``, ``validation``, ...) -> what holds for its loaders, for ``plan.json``.
-    """
-
+    #: The ``parallel`` section as this run resolved it; ``None``: ``parallel: null`` (plain Lightning).
     section: ParallelConfig | None = None
+    #: The GPUs resolved against (``--assume_gpus`` for ``plan``); ``None`` with no section.
     hardware: Hardware | None = None
+    #: The plan resolved before anything was built; ``None`` for ``plan`` and with no section.
     built: Plan | None = None
+    #: Stage (``training``, ``validation``, ...) -> what holds for its loaders, for ``plan.json``.
     guarantees: dict[str, dict[str, Any]] = field(default_factory=dict)
     _plan: Plan | None = None
     _changes: list[Callable[[Plan], Plan]] = field(default_factory=list)
@@ -48,20 +36,12 @@ class RunState:
         return self._plan
 
     def resolve(self, environment: LaunchEnvironment, data_batch_size: int | None) -> Plan:
-        """The section resolved on this run's hardware for ``environment``, with every change :meth:`amend` holds.
-
-        Raises:
-            UserError: the section cannot hold on this hardware (see :func:`resolve_plan`), or a layer refuses it.
-        """
+        """The section resolved on this run's hardware for ``environment``, with every change :meth:`amend` holds."""
         assert self.section is not None and self.hardware is not None, "a run without a parallel section plans nothing"
         return self._amended(resolve_plan(self.section, self.hardware, environment, data_batch_size))
 
     def with_data_batch(self, batch_size: int | None) -> Plan:
-        """The training loader's ``batch_size`` completes the built plan (every layer's change so far kept).
-
-        Raises:
-            UserError: the batch fields and the layout cannot hold together (see :meth:`Plan.with_data_batch`).
-        """
+        """The training loader's ``batch_size`` completes the built plan (every layer's change so far kept)."""
         assert self.built is not None, "a run without a parallel section installs no loaders"
         self._plan = self._amended(self.built.with_data_batch(batch_size))
         return self._plan

@@ -1,15 +1,4 @@
-"""Where a run directory lives: a local folder, or a URL (``s3://bucket/prefix``) that a layer's store serves.
-
-The core writes every record and checkpoint as a file (atomic renames: :mod:`project.checkpoints.atomic`) and asks
-this process's :class:`RunStore` at the few points where a run directory that is not a local folder differs: the
-version a new run takes, the lock of a training, a checkpoint written or removed, a checkpoint about to be read,
-how the run is named to the user. :class:`RunStore` itself is the local disk, where each answer is the path
-itself or nothing at all: a local run pays one method call per checkpoint saved, nothing per step.
-
-A layer serves URLs with a subclass named in its ``Layer.run_stores`` (:mod:`project.layers`): there the run works
-in a local folder of the store's (its cache) exactly as on a local disk, and the store makes the URL the record.
-A URL that no installed layer serves is refused in one line before anything is written (:func:`store_for`).
-"""
+"""Where a run directory lives: a local folder (:class:`RunStore`), or a URL (``s3://...``) a layer's store serves."""
 
 from __future__ import annotations
 
@@ -34,20 +23,13 @@ class Held(Protocol):
 
 
 class RunStore:
-    """A run directory on the local disk: plain paths, nothing uploaded, held by the core's ``fcntl`` lock.
+    """A run directory on the local disk: plain paths, nothing uploaded, held by the core's ``fcntl`` lock."""
 
-    A layer's subclass serves the URL schemes in ``schemes`` (``*``: every URL) and overrides what differs there.
-    """
-
-    #: The URL schemes this store serves (``s3``); ``*`` for every URL; none for the local disk.
+    #: The URL schemes a subclass serves (``s3``); ``*`` for every URL; none for the local disk.
     schemes: tuple[str, ...] = ()
 
     def configure(self, config: Any) -> None:
-        """Read this store's options from the command's parsed config (its layer's section), before any URL opens.
-
-        Called on every installed layer's store for every command that takes a checkpoint, URL or not: a store
-        replaces the credentials it finds there, so that no record (``config.yaml``) keeps them.
-        """
+        """Read this store's options from the parsed config (every command), replacing credentials found there."""
 
     def attach(self, url: str) -> Path:
         """Make ``url`` (a logger's ``save_dir``) this process's run root; the local folder the run writes into."""
@@ -82,19 +64,9 @@ class RunStore:
         """A checkpoint just removed from ``path`` (a best one replaced)."""
 
     def commit_sharded(
-        self,
-        partial: Path,
-        path: Path,
-        token: str,
-        meta: bytes | None,
-        group: Any,
-        finish: Callable[[Path, Path, bytes], None],
+        self, partial: Path, path: Path, token: str, meta: bytes | None, group: Any, finish: Callable[..., None]
     ) -> None:
-        """Every rank, once DCP wrote a sharded save into ``partial``: rank 0 (``meta`` given) ``finish``es it.
-
-        A store's version is a collective over ``group`` (every rank uploads its own shards first); the local
-        disk's is rank 0's ``finish(partial, path, meta)`` alone, which puts the folder under ``path``.
-        """
+        """Each rank, once DCP saved into ``partial``: rank 0 (``meta`` given) ``finish``es it; a store, together."""
         if meta is not None:
             finish(partial, path, meta)
 
@@ -108,8 +80,7 @@ class RunStore:
 
 #: The local disk, the store of every run whose ``save_dir`` is a path.
 LOCAL = RunStore()
-# This process's store: the one its run directory's URL chose (one run per process), else the local disk.
-_active: RunStore = LOCAL
+_active: RunStore = LOCAL  # one run per process
 
 
 def active() -> RunStore:
@@ -129,12 +100,7 @@ def layer_stores() -> tuple[RunStore, ...]:
 
 
 def store_for(url: str, option: str) -> RunStore:
-    """The installed store that serves ``url``, given as ``option``.
-
-    Raises:
-        UserError: no installed layer serves the URL's scheme (the storage layer was stripped), before anything is
-            written.
-    """
+    """The installed store that serves ``url``, given as ``option``; a ``UserError`` if none does (layer stripped)."""
     scheme = url.split("://", 1)[0]
     for store in layer_stores():
         if scheme in store.schemes or "*" in store.schemes:
@@ -147,17 +113,11 @@ def store_for(url: str, option: str) -> RunStore:
 
 def local_copy(path: str, option: str = "--ckpt_path") -> str:
     """The checkpoint ``path`` (given as ``option``) as this process reads it: a URL's committed copy, pulled."""
-    store = store_for(path, option) if is_url(path) else _active
-    return store.local_copy(path)
+    return (store_for(path, option) if is_url(path) else _active).local_copy(path)
 
 
 def open_run(config: Any) -> RunStore:
-    """Before the checkpoint is chosen: this process's store, chosen by the first logger's ``save_dir``.
-
-    Every layer's store reads its options first. A URL ``save_dir`` becomes the store's local folder in the
-    config (the run writes files there as on a local disk), and ``--resume auto``/``--ckpt_path last`` pull the
-    committed checkpoints into it. A URL no installed layer serves, ``save_dir`` or ``--ckpt_path``, is refused.
-    """
+    """This process's store, chosen by the first logger's ``save_dir`` (a URL's becomes its local folder)."""
     global _active
     for store in layer_stores():
         store.configure(config)

@@ -12,13 +12,8 @@ from project.run_store import active
 
 
 def read_scalars(run_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
-    """All scalars of a run's TensorBoard event files, as ``tag -> [(step, value), ...]`` in file order.
-
-    A ``fit`` that tests afterwards writes one event file per stage; their scalars are concatenated,
-    oldest file first, so e.g. ``train/loss`` and ``test/acc`` come back from the same call.
-    """
-    # Imported here: TensorBoard's event reader is slow to import and only needed when reading.
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """All scalars of a run's TensorBoard event files (one per stage, oldest first), ``tag -> [(step, value)]``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # slow to import
 
     scalars: dict[str, list[tuple[int, float]]] = {}
     for events in sorted(Path(run_dir).glob("events.out.tfevents.*")):
@@ -30,47 +25,30 @@ def read_scalars(run_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, f
 
 
 def run_directory(trainer: Any) -> str | None:
-    """The run directory, ``trainer.log_dir``: call it on EVERY rank, never under a rank check.
-
-    Lightning broadcasts it from rank 0, a collective: a rank that skips the call leaves the others waiting
-    (Lightning#18148). Every writer of the run directory asks here, then lets rank 0 write.
-    """
+    """``trainer.log_dir``, broadcast from rank 0: call it on EVERY rank, never under a rank check (Lightning#18148)."""
     return trainer.log_dir
 
 
 def run_of_config(configs: list[Any]) -> Path | None:
-    """The run directory whose ``config.yaml`` is among the ``--config`` files (a run's own config), if any.
-
-    A run directory holds ``plan.json`` or ``checkpoints/`` beside its ``config.yaml``. ``--ckpt_path last`` and
-    ``--resume auto`` with a run's config mean that run, not the newest run of its name.
-    """
+    """The run whose ``config.yaml`` is a ``--config`` file, if any: ``--resume auto``/``last`` then mean that run."""
     for config in configs:
         path = Path(getattr(config, "absolute", None) or str(config))
-        folder = path.parent
+        folder = path.parent  # a run directory holds plan.json or checkpoints/ beside its config.yaml
         if path.name == "config.yaml" and ((folder / "plan.json").is_file() or (folder / "checkpoints").is_dir()):
             return folder
     return None
 
 
-def _unplain(value: Any) -> bool:
-    """Whether a run name or version would be a path, not one folder name (``../x``, ``a/b``, ``..``)."""
-    text = str(value)
-    return text in (".", "..") or any(sep in text for sep in ("/", "\\", os.sep, "\0"))
-
-
 def refuse_unplain_names(logger: Any, version_chosen: bool) -> None:
-    """Refuse a logger's run name (or chosen version) that is a path: the run would be written outside save_dir.
-
-    Raises:
-        UserError: the name or version holds a path separator or is ``..``.
-    """
+    """Refuse (``UserError``) a run name or chosen version that is a path: the run would be written outside save_dir."""
     values = {"name": getattr(logger, "name", "")}
     if version_chosen:  # else the logger would choose it by listing its folders (reading it now would fix it)
         values["version"] = getattr(logger, "version", None)
     for key, value in values.items():
-        if value is not None and _unplain(value):
+        text = str(value)
+        if value is not None and (text in (".", "..") or any(sep in text for sep in ("/", "\\", os.sep, "\0"))):
             raise UserError(
-                f"run {key} {str(value)!r} (--trainer.logger.init_args.{key}) is a path: a run {key} must be a plain "
+                f"run {key} {text!r} (--trainer.logger.init_args.{key}) is a path: a run {key} must be a plain "
                 f"folder name, no '/', '\\' or '..', or the run would be written outside the logger's save_dir "
                 f"{getattr(logger, 'save_dir', '')!r}; give a plain name (and set save_dir for where runs go)"
             )
@@ -79,17 +57,8 @@ def refuse_unplain_names(logger: Any, version_chosen: bool) -> None:
 def reserve_run_directory(logger: Any) -> Path | None:
     """Create the next ``version_<n>`` folder of ``logger``'s run name atomically and make the logger use it.
 
-    Lightning chooses a version by listing the folders, so two runs of one name started at once (two 2-process
-    fits, two jobs of an array) would both write into the same folder. ``mkdir`` either creates a folder or
-    fails, on any POSIX filesystem: the first run gets ``version_<n>``, the next ``version_<n+1>``. Call it on
-    global rank 0 only; the other ranks learn the folder from rank 0 (``trainer.log_dir`` is broadcast).
-
-    Returns:
-        The folder created, or ``None`` when the logger has its version already or writes to a remote store.
-
-    Raises:
-        UserError: the folder cannot be created (a read-only or full disk, a file in the way), or the run's name
-            or version is a path (:func:`refuse_unplain_names`).
+    Lightning chooses a version by listing the folders, so two runs of one name started at once would share one;
+    ``mkdir`` either creates a folder or fails. Rank 0 only. ``None``: the version is set, or the store is remote.
     """
     root = getattr(logger, "root_dir", None)
     if root is None or "://" in str(root):

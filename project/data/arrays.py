@@ -1,7 +1,4 @@
-"""The data as plain tensors: loading and seeded splits, with no Lightning import.
-
-So a plain Python process (e.g. one that rebuilds an exported network) sees the very same split.
-"""
+"""The data as plain tensors, loaded and split by seed without Lightning: a plain process sees the same split."""
 
 from __future__ import annotations
 
@@ -29,19 +26,13 @@ def seeded_split(
     x: torch.Tensor, y: torch.Tensor, sizes: tuple[int, int, int], seed: int
 ) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
     """Split tensors into train/val/test TensorDatasets by one seeded permutation (the same everywhere)."""
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(x), generator=generator)
-    parts = torch.split(order, list(sizes))
-    train, val, test = (TensorDataset(x[idx], y[idx]) for idx in parts)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    train, val, test = (TensorDataset(x[idx], y[idx]) for idx in torch.split(order, list(sizes)))
     return train, val, test
 
 
 def sklearn_data_file(name: str) -> Path:
-    """A data file that ships inside scikit-learn (``sklearn/datasets/data/<name>``), found without importing it.
-
-    ``import sklearn`` takes about 0.7 s here (it imports scipy); every process of every run would pay it for
-    one small CSV file. ``find_spec`` of a top-level package locates it without running its code.
-    """
+    """A data file shipped in ``sklearn/datasets/data``, found without ``import sklearn`` (0.7 s: it imports scipy)."""
     spec = importlib.util.find_spec("sklearn")
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError("scikit-learn is not installed (pip install scikit-learn): it ships the data")
@@ -49,10 +40,7 @@ def sklearn_data_file(name: str) -> Path:
 
 
 def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
-    """All 1,797 digits as (float32 images scaled to [0, 1] of shape [N, 64], int64 labels).
-
-    The same values as ``sklearn.datasets.load_digits()`` (tested), read from the file it reads.
-    """
+    """All 1,797 digits as (float32 images in [0, 1] of shape [N, 64], int64 labels), as ``load_digits()`` has them."""
     with gzip.open(sklearn_data_file("digits.csv.gz"), "rt") as handle:
         data = np.loadtxt(handle, delimiter=",")
     x = torch.tensor(data[:, :-1], dtype=torch.float32) / 16.0

@@ -1,14 +1,4 @@
-"""Random augmentation that does not depend on the layout: each sample's randomness comes from (seed, epoch, index).
-
-With a global random generator, what a sample's augmentation draws depends on which process and which
-loader worker handles it, and in which order: another world size or another ``num_workers`` augments
-every sample differently. :class:`SeededAugmentation` gives every (epoch, sample) a generator of its own,
-so a sample is augmented the same way at any world size and with any number of workers. The parallel
-layer's training sampler hands it the epoch with each index; evaluation indices come without one and
-are not augmented.
-
-Nothing here imports Lightning.
-"""
+"""Random augmentation that does not depend on the layout (world size, workers): each sample's generator is its own."""
 
 from __future__ import annotations
 
@@ -41,9 +31,7 @@ class SeededAugmentation(Dataset):
     """
 
     def __init__(self, dataset: Dataset, transform: Callable[[Any, torch.Generator], Any], seed: int = 0) -> None:
-        self.dataset = dataset
-        self.transform = transform
-        self.seed = seed
+        self.dataset, self.transform, self.seed = dataset, transform, seed
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]

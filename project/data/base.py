@@ -1,9 +1,4 @@
-"""The loader settings the project's own tensor datamodules share, and a fast way to batch a TensorDataset.
-
-These are ordinary LightningDataModules with ordinary DataLoaders: world-size-invariant batches and
-exactly-once evaluation come from the parallel layer (``project.parallel.sampler_install``), which works on any
-datamodule's loaders, not from this base class.
-"""
+"""Loader settings the project's tensor datamodules share; world-size-invariant batches are the parallel layer's."""
 
 from __future__ import annotations
 
@@ -14,11 +9,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 
 class TensorBatches(Dataset):
-    """A ``TensorDataset`` read a batch at a time: one gather per tensor, not one lookup per sample and a stack.
-
-    The DataLoader hands ``__getitems__`` the sampler's indices for a batch; the result holds the same
-    values, in the same order, as collating the samples one by one (about 3x faster for small samples).
-    """
+    """A ``TensorDataset`` read a batch at a time (``__getitems__``): one gather per tensor, about 3x faster."""
 
     def __init__(self, dataset: TensorDataset) -> None:
         self.dataset = dataset
@@ -31,8 +22,7 @@ class TensorBatches(Dataset):
 
     def __getitems__(self, indices: list[int]) -> list[Tensor]:
         index = torch.as_tensor(indices, dtype=torch.long)
-        # A list, as default_collate makes of tuple samples.
-        return [tensor[index] for tensor in self.dataset.tensors]
+        return [tensor[index] for tensor in self.dataset.tensors]  # a list, as default_collate makes of tuples
 
 
 def collated(batch: list[Tensor]) -> list[Tensor]:
@@ -44,8 +34,7 @@ class TensorDataModule(L.LightningDataModule):
     """Base of the project's datamodules: subclasses build ``self.train_set``/``val_set``/``test_set`` in ``setup``.
 
     Args:
-        batch_size: The training loader's batch size: per device (ddp, cpu), global under dp; the
-            ``parallel`` section's ``global_batch_size`` overrides it.
+        batch_size: The training loader's batch size: per device, global under dp; ``global_batch_size`` overrides it.
         num_workers: DataLoader worker processes (0 loads in the training process).
         pin_memory: Pin host memory for faster GPU copies; ``None`` means "when CUDA is available".
         persistent_workers: Keep workers alive between epochs (only with ``num_workers > 0``).
@@ -81,8 +70,7 @@ class TensorDataModule(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not build the {name} set")
         batched = type(dataset) is TensorDataset  # a subclass may change what one sample is
-        # A dataset that gathers a batch itself (``returns_batches``, e.g. the gpt layer's windows) is not collated.
-        collates_itself = batched or getattr(dataset, "returns_batches", False)
+        collates_itself = batched or getattr(dataset, "returns_batches", False)  # e.g. the gpt layer's windows
         return DataLoader(
             TensorBatches(dataset) if batched else dataset,
             batch_size=self.batch_size,
@@ -91,8 +79,7 @@ class TensorDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers,
-            # Its own generator: the shuffling seed, and worker seeds drawn from it rather than from the
-            # global generator, whose draws would shift dropout & co. in a resumed run.
+            # Its own generator: worker seeds drawn from the global one would shift dropout & co. in a resumed run.
             generator=torch.Generator().manual_seed(self.seed),
         )
 

@@ -14,16 +14,10 @@ class DigitsDataModule(TensorDataModule):
     Args:
         val_fraction: Share of the 1,797 samples held out for validation.
         test_fraction: Share held out for the test.
-        **loader: Loader settings of :class:`project.data.base.TensorDataModule`
-            (``batch_size``, ``num_workers``, ``pin_memory``, ``persistent_workers``, ``shuffle``, ``seed``).
+        **loader: Loader settings of :class:`project.data.base.TensorDataModule` (``batch_size``, ``seed``, ...).
     """
 
-    def __init__(
-        self,
-        val_fraction: float = 0.15,
-        test_fraction: float = 0.15,
-        **loader: Any,
-    ) -> None:
+    def __init__(self, val_fraction: float = 0.15, test_fraction: float = 0.15, **loader: Any) -> None:
         super().__init__(**loader)
         self.save_hyperparameters()
         self.val_fraction = val_fraction

@@ -60,24 +60,21 @@ class Classifier(L.LightningModule):
         """Log ``train/loss`` on the steps whose metrics the Trainer writes (``self.log`` is not free)."""
         log_on_logged_steps(self, "train/loss", self._train_loss, prog_bar=True)
 
-    def _evaluate(self, batch: Batch, loss_metric: MeanMetric, acc_metric: MulticlassAccuracy) -> None:
+    def _evaluate(self, batch: Batch, stage: str, loss: MeanMetric, acc: MulticlassAccuracy) -> None:
         x, y = batch
         logits = self.net(x)
-        # Weighted by batch size so that uneven shards still give the exact dataset mean.
-        loss_metric.update(self.loss_fn(logits, y), weight=y.numel())
-        acc_metric.update(logits, y)
+        loss.update(self.loss_fn(logits, y), weight=y.numel())  # weighted: uneven shards give the exact mean
+        acc.update(logits, y)
+        self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True)
+        self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True, prog_bar=stage == "val")
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         """Accumulate ``val/loss`` and ``val/acc`` over the whole validation set."""
-        self._evaluate(batch, self.val_loss, self.val_acc)
-        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True)
-        self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
+        self._evaluate(batch, "val", self.val_loss, self.val_acc)
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
         """Accumulate ``test/loss`` and ``test/acc`` over the whole test set."""
-        self._evaluate(batch, self.test_loss, self.test_acc)
-        self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
-        self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
+        self._evaluate(batch, "test", self.test_loss, self.test_acc)
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         """Return the predicted class of each sample."""

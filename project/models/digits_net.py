@@ -1,8 +1,4 @@
-"""The digits network: a plain ``nn.Module`` that imports nothing from Lightning.
-
-It records its constructor arguments in ``init_args`` so that the export step can write
-``{"class_path", "init_args"}`` and :func:`project.extras.export.weights.rebuild` can build it again anywhere.
-"""
+"""The digits network: a plain ``nn.Module`` whose ``init_args`` let the export layer rebuild it anywhere."""
 
 from __future__ import annotations
 
@@ -31,24 +27,18 @@ class DigitsNet(nn.Module):
         super().__init__()
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout={dropout} must be in [0, 1); use 0 to turn dropout off")
-        self.init_args = {
-            "in_features": in_features,
-            "hidden": hidden,
-            "num_classes": num_classes,
-            "dropout": dropout,
-            "batch_norm": batch_norm,
-        }
+        self.init_args = dict(
+            in_features=in_features, hidden=hidden, num_classes=num_classes, dropout=dropout, batch_norm=batch_norm
+        )
         layers: list[nn.Module] = []
-        width = in_features
-        for _ in range(2):
+        for width in (in_features, hidden):
             layers.append(nn.Linear(width, hidden))
             if batch_norm:
                 layers.append(nn.BatchNorm1d(hidden))
             layers.append(nn.ReLU())
             if dropout > 0:
                 layers.append(nn.Dropout(dropout))
-            width = hidden
-        layers.append(nn.Linear(width, num_classes))
+        layers.append(nn.Linear(hidden, num_classes))
         self.layers = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -10,16 +10,7 @@ from torch import nn
 
 
 def save_config_hyperparameters(module: L.LightningModule, network: str) -> None:
-    """``module.save_hyperparameters()`` for the caller's ``__init__``, without a live network in them.
-
-    Under LightningCLI the hyperparameters are the parsed config, so ``network`` is its class_path and
-    init_args (plain dicts: what ``export/model.json`` records). Built by hand it is a live ``nn.Module``,
-    which would be pickled into every checkpoint (and refused by ``weights_only`` loading): then it is left out.
-
-    Args:
-        module: The LightningModule being constructed.
-        network: Name of the ``__init__`` argument that holds the network.
-    """
+    """``module.save_hyperparameters()`` for the caller's ``__init__``, without pickling a live ``network`` module."""
     frame = inspect.currentframe().f_back  # the caller's __init__, whose arguments are the hyperparameters
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice to ignore a module argument: done just below

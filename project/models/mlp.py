@@ -1,8 +1,4 @@
-"""A plain regression MLP: no Lightning import and, on purpose, no ``init_args`` attribute.
-
-The template exports it from the config's ``class_path``/``init_args`` instead of asking the network
-to record its own constructor arguments.
-"""
+"""A plain regression MLP: no Lightning import and, on purpose, no ``init_args`` (export reads the config's)."""
 
 from __future__ import annotations
 
