@@ -1,13 +1,8 @@
 """The commands of ``python -m project``: one row each, and the answers that need no training imports.
 
-Each :class:`Command` row says what its command builds and does (whether it trains, takes a checkpoint, locks the
-run directory, tracks, tests after fit, may have its ranks started at once): :mod:`project.__main__`, the early
-layer's pre-parse, the builder (:mod:`project.build`) and :mod:`project.cli` read the row instead of
-comparing the command's name. A new command is a new row.
-
-``python -m project``, ``--help`` and an unknown command are answered here, before Lightning (about 5 s to import
-on 2 cores) is imported: :mod:`project.__main__` asks :func:`answer_without_training_imports` first. Standard
-library only.
+Each :class:`Command` row says what its command builds and does; the code reads the row instead of comparing names.
+A new command is a new row. ``--help`` and an unknown command are answered here, before Lightning (about 5 s to
+import) is: standard library only.
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ class Builds(Enum):
 
 @dataclass(frozen=True)
 class Command:
-    """One command of ``python -m project`` and what it does (every fact a place in the code reads).
+    """One command of ``python -m project`` and every fact about it that the code reads.
 
     Attributes:
         name: The command, as typed.
@@ -46,15 +41,13 @@ class Command:
         tracks: The ``tracking`` section's logger (MLflow) records it.
         tests_after: ``--test_after_fit`` (default on) tests the best checkpoint afterwards.
         stops_on_signal: A stop signal (SIGTERM, SIGUSR1) ends it at the same step on every rank, saved, exit 75.
-        self_test: It is the layout's self-test: its own options, the check's join timeout, nothing written but
-            ``check.json``.
-        starts_ranks_early: ``python -m project`` may fork its CPU ranks right after the imports (the early
-            layer) instead of Lightning's launcher starting them.
+        self_test: It is the layout's self-test: its own options and join timeout, nothing written but check.json.
+        starts_ranks_early: The early layer may fork its CPU ranks right after the imports (not Lightning's launcher).
         runner: ``package.module:function`` that runs a command which builds no Trainer (``function(args)``).
         arguments: ``package.module:function`` adding the command's own options to its parser (``function(parser)``).
         settings: ``package.module:function`` adjusting the ``parallel`` section before the layout is resolved
             (``function(section, config) -> section``).
-        trainer_kwargs: ``package.module:function`` giving the Trainer's settings of a self-test
+        trainer_kwargs: ``package.module:function`` giving a self-test's Trainer settings
             (``function(config, callbacks) -> dict``).
     """
 
@@ -95,6 +88,7 @@ class Command:
         return self.trainer_method == "fit"
 
 
+_EVALUATES = {"takes_checkpoint": True, "evaluates": True, "starts_ranks_early": True}
 #: The core's commands; each layer adds its own rows (project/layers.py, a layer's ``commands``).
 CORE_COMMANDS: tuple[Command, ...] = (
     Command(
@@ -110,32 +104,10 @@ CORE_COMMANDS: tuple[Command, ...] = (
         stops_on_signal=True,
         starts_ranks_early=True,
     ),
+    Command("validate", "evaluate a checkpoint on the validation set", Builds.TRAINER, "validate", **_EVALUATES),
+    Command("test", "evaluate a checkpoint on the test set", Builds.TRAINER, "test", **_EVALUATES),
     Command(
-        "validate",
-        "evaluate a checkpoint on the validation set",
-        Builds.TRAINER,
-        "validate",
-        takes_checkpoint=True,
-        evaluates=True,
-        starts_ranks_early=True,
-    ),
-    Command(
-        "test",
-        "evaluate a checkpoint on the test set",
-        Builds.TRAINER,
-        "test",
-        takes_checkpoint=True,
-        evaluates=True,
-        starts_ranks_early=True,
-    ),
-    Command(
-        "predict",
-        "run predict_step over the predict set with a checkpoint",
-        Builds.TRAINER,
-        "predict",
-        takes_checkpoint=True,
-        evaluates=True,
-        starts_ranks_early=True,
+        "predict", "run predict_step over the predict set with a checkpoint", Builds.TRAINER, "predict", **_EVALUATES
     ),
     Command("plan", "resolve the parallel layout without training (--assume_gpus N, --json)", Builds.MODEL_AND_DATA),
 )
