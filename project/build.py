@@ -1,9 +1,8 @@
 """From the command line to live objects: LightningCLI, on its public API, plus the ``parallel`` section.
 
-:class:`ProjectCLI` parses one command's options (``run=False``: :mod:`project.cli` runs the command),
-then, before anything is built, chooses the checkpoint (which may point the logger at the run being
-resumed) and resolves the layout; it builds the model, the datamodule and a Trainer whose layout, checkpoint
-IO and template callbacks come from that resolution. ``plan`` builds the model and datamodule only.
+:class:`ProjectCLI` parses one command's options, chooses the checkpoint (which may point the logger at the resumed
+run) and resolves the layout before anything is built, then builds the model, the data and a Trainer from that
+layout (``plan``: model and data only). :mod:`project.cli` runs the command.
 """
 
 from __future__ import annotations
@@ -22,11 +21,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from project.callbacks import (
-    LoaderGuaranteesCallback,
-    StopOnSignal,
-    template_callbacks,
-)
+from project.callbacks import LoaderGuaranteesCallback, StopOnSignal, template_callbacks
 from project.callbacks.dispatch import skip_idle_batch_hooks
 from project.callbacks.float64 import Float64BeforeRestore
 from project.callbacks.model_checks import refuse_manual_accumulation, refuse_unshardable_callbacks
@@ -64,9 +59,7 @@ warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is int
 # Said in one line by say_replaced_optimizer, which also names the way out.
 warnings.filterwarnings("ignore", message=r"`.*configure_optimizers` will be overridden by")
 quiet_third_party()  # two lines no user can act on (Lightning's litlogger tip, a torch deprecation in Lightning)
-
-# Before `python -m project` forks its ranks, so no process starts an interpreter to learn sys.path.
-resolve_stubs_in_process()
+resolve_stubs_in_process()  # before `python -m project` forks its ranks: no process starts one to learn sys.path
 
 
 @rank_zero_only
@@ -80,12 +73,7 @@ def say_unwritten_predictions(callbacks: list[Any]) -> None:
 
 
 class ProjectCLI(LightningCLI):
-    """LightningCLI for one command (``fit``, ``validate``, ``test``, ``predict``, ``plan``) of ``python -m project``.
-
-    Args:
-        command: The command; its options are added to the parser.
-        args: The command line after the command.
-    """
+    """LightningCLI for one command of ``python -m project``, given the command line after the command."""
 
     def __init__(self, command: str, args: list[str]) -> None:
         self.command = command
@@ -185,8 +173,8 @@ class ProjectCLI(LightningCLI):
                 raise cause from None
             raise UserError(f"could not build the model/data/trainer from the config: {root_cause(error)}") from error
         if self.row.steps_optimizer:  # before any process starts; evaluation never accumulates
-            state = self.state
-            refuse_manual_accumulation(self.model, self.trainer.accumulate_grad_batches, state.section, state.built)
+            accumulation = self.trainer.accumulate_grad_batches
+            refuse_manual_accumulation(self.model, accumulation, self.state.section, self.state.built)
             refuse_unshardable_callbacks(self.trainer)
         if self.row.trains:
             say_replaced_optimizer(self.model, self.config.get("optimizer"))
@@ -206,17 +194,13 @@ class ProjectCLI(LightningCLI):
             kwargs["profiler"] = NoProfiler()  # Lightning's default without its per-hook cost
         chosen = self.chosen.path if self.chosen is not None else None
         section = self.state.section or ParallelConfig()
-        configured = listed(trainer_config.get("callbacks"))
-        bar = wants_template_progress_bar(trainer_config)
         stop = StopOnSignal(section.stop_signals, section.stop_grace_s) if self.row.stops_on_signal else None
-        own = template_callbacks(self.state, self.loaders, chosen, bar, stop)
+        own = template_callbacks(self.state, self.loaders, chosen, wants_template_progress_bar(trainer_config), stop)
         # What the model itself must become: float64 before a restore
-        shaping: list[L.Callback] = []
-        if plan is not None and plan.precision == "64":
-            shaping.append(Float64BeforeRestore())
+        shaping: list[L.Callback] = [Float64BeforeRestore()] if plan is not None and plan.precision == "64" else []
         # The layers' own (a sweep trial's pruning, the hang recorder), after the template's; a self-test keeps them
         layered = [c for callbacks in hooks("callbacks") for c in callbacks(self.state, self.row, self.config)]
-        kwargs["callbacks"] = [*configured, *own, *shaping, *layered]
+        kwargs["callbacks"] = [*listed(trainer_config.get("callbacks")), *own, *shaping, *layered]
         if self.row.trainer_method == "predict":
             say_unwritten_predictions(kwargs["callbacks"])
         if self.row.trainer_kwargs is not None:  # a self-test (check): the layout and model as configured, no records

@@ -24,45 +24,35 @@ EXTRAS = Path(__file__).resolve().parent / "extras"
 class Layer:
     """What one layer adds to the core; every hook is an import path (``package.module:function``).
 
+    The fields, with their callers, are tabled in docs/development.md ("The core and its layers").
+
     Attributes:
         name: The layer's folder (``sweep``).
         adds: One line for ``make strip``'s table: what the layer adds to the template.
         commands: Rows of the command table (a runner or an argument hook named by import path).
         sections: ``add(parser)`` hooks: config sections or options every command's parser takes.
-        callbacks: ``callbacks(state, row, config) -> list[Callback]``, for every Trainer the CLI builds, after the
-            template's own callbacks (a self-test's Trainer keeps them too).
+        callbacks: ``(state, row, config) -> list[Callback]`` for every Trainer, after the template's (self-tests too).
         on_trainer: ``hook(trainer, config, chosen, row)`` run on the built Trainer (e.g. a logger beside it).
         requires: Other layers this one imports (``make strip`` removes it with any of them).
-        run_stores: :class:`project.run_store.RunStore` subclasses serving run directories given as URLs (each
-            its ``schemes``), instantiated once when a command first needs one.
+        run_stores: :class:`project.run_store.RunStore` subclasses serving run directories given as URLs (``schemes``).
         around_plan: ``hook(section, environment, resuming, row)``: a context manager around the plan's resolution
-            that yields the ``parallel`` section to resolve and sees the plan's refusal (elastic: a restart keeps
-            the checkpoint's global batch; ``resuming``: the loaders' state in the checkpoint).
-        explain_stall: ``hook(why) -> str | None``: the line naming which rank is where at a stall (``why`` given:
-            a wait timed out here, ask every rank now; ``None``: only a stall already recorded).
-        observe_wait: ``hook(op, group, timeout_s)``: a context manager around a wait of the template's own that
-            torch's Flight Recorder does not see (the barrier's ``monitored_barrier``).
-        trusted_modules: Modules (with submodules) whose networks an export's ``model.json`` may name: ``rebuild``
-            imports them unasked, as it does ``project.models`` (rows, not hooks).
-        network_exports: ``module:Class`` of an export for a network no class path rebuilds, written at the end of
-            ``fit`` and read by ``rebuild``.
-        around_command: ``hook(argv) -> context manager`` that ``python -m project`` runs the command inside, after
-            its imports (early: the ranks of a CPU run forked there).
-        submit: ``hook(launcher) -> run | None``: how this process submits its job to a ``parallel.launcher`` that
-            did not start it (ray); ``run(argv, command, plan, run_in_worker)``.
-        on_state: ``hook(state, config)`` before the plan is resolved: takes a ``parallel`` value only this layer
-            understands (``state.section``) and changes every plan the run makes (``state.amend``).
+            yielding the ``parallel`` section to resolve and seeing its refusal (elastic: a restart's global batch).
+        explain_stall: ``hook(why) -> str | None``: the line naming which rank is where at a stall (the hang report);
+            ``why`` given: a wait timed out here, ask every rank now; ``None``: only a stall already recorded.
+        observe_wait: ``hook(op, group, timeout_s)``: a context manager around a wait Flight Recorder does not see.
+        trusted_modules: Modules whose networks an export's ``model.json`` may name: ``rebuild`` imports them unasked.
+        network_exports: ``module:Class`` of an export for a network no class path rebuilds (written by ``fit``).
+        around_command: ``hook(argv) -> context manager`` the command runs inside, after the imports (early's forks).
+        submit: ``hook(launcher) -> run | None``: submits this job to a ``parallel.launcher`` that did not start it
+            (ray); ``run(argv, command, plan, run_in_worker)``.
+        on_state: ``hook(state, config)`` before the plan: takes a ``parallel`` value only it knows, amends every plan.
         scenarios: ``() -> dict[str, Scenario]``: rows of the scenario table (:mod:`project.plan.scenarios`).
         strategies: ``() -> dict[str, StrategyRow]``: rows of the strategy table (:mod:`project.plan.strategies`).
         parallel: ``() -> dict[str, type]``: subsections of the ``parallel`` section (dataclasses, by field name).
-        degrees: ``(config, layout) -> Layout``: the layout with the degrees a layer's subsection decides (``tp``,
-            ``pp``, a sharded scenario's replicas), checked.
-        plan_notes: ``(config, layout, strategy, start_method) -> list[str]``: the plan's notes on a layer's
-            subsection (refusing what the layout cannot do).
-        plan_report: ``(cli, plan, data) -> (dict, list)``: ``plan``'s own parts: keys added to ``data`` and the
-            JSON's extra top-level keys, and what the table prints after it.
-        checkpoint_formats: Classes reading and writing a checkpoint that is not one file
-            (:class:`project.checkpoints.formats.CheckpointFormat`).
+        degrees: ``(config, layout) -> Layout``: the layout with the degrees a layer's subsection decides, checked.
+        plan_notes: ``(config, layout, strategy, start_method) -> list[str]``: the plan's notes on its subsection.
+        plan_report: ``(cli, plan, data) -> (dict, list)``: ``plan``'s own JSON keys and lines after its table.
+        checkpoint_formats: Classes answering :class:`project.checkpoints.formats.CheckpointFormat` (not one file).
     """
 
     name: str
