@@ -28,7 +28,6 @@ from project.config_errors import check_config_files
 from project.errors import Preempted, UserError, exit_with, run_reporting_user_errors
 from project.launch import stop_signals
 from project.launch.legacy import strip_legacy_local_rank
-from project.launch.stop_signals import StopSignal
 from project.layers import hook
 from project.lightning_private import stop_launched_processes
 from project.parallel.collectives import leave_together
@@ -47,21 +46,9 @@ class Run:
 
     command: str
     cli: ProjectCLI
-
-    @property
-    def trainer(self) -> L.Trainer:
-        """The Trainer that ran the command."""
-        return self.cli.trainer
-
-    @property
-    def model(self) -> L.LightningModule:
-        """The LightningModule."""
-        return self.cli.model
-
-    @property
-    def datamodule(self) -> L.LightningDataModule:
-        """The datamodule."""
-        return self.cli.datamodule
+    trainer: L.Trainer
+    model: L.LightningModule
+    datamodule: L.LightningDataModule
 
 
 def execute(argv: list[str]) -> Run | None:
@@ -92,7 +79,7 @@ def execute(argv: list[str]) -> Run | None:
     finally:
         stop_signals.finish()  # a signal from here on changes nothing: the command is done
     say_where_the_run_went(cli.trainer)
-    return Run(command.name, cli)
+    return Run(command.name, cli, cli.trainer, cli.model, cli.datamodule)
 
 
 def run_in_worker(argv: list[str]) -> str | None:
@@ -201,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         run_reporting_user_errors(run)
-    except StopSignal as stop:  # while the run was being built: nothing ran yet
+    except stop_signals.StopSignal as stop:  # while the run was being built: nothing ran yet
         exit_with(stop_signals.stopped_early(stop), code=Preempted.exit_code)
     except KeyboardInterrupt:
         raise SystemExit(130) from None

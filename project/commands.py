@@ -26,15 +26,14 @@ class Builds(Enum):
 
 @dataclass(frozen=True)
 class Command:
-    """One command of ``python -m project`` and every fact about it that the code reads.
+    """One command of ``python -m project`` and every fact the code reads about it; hooks are ``module:function``.
 
     Attributes:
         name: The command, as typed.
         help: Its line in ``python -m project --help``.
         builds: What it builds before it runs.
         trainer_method: The Trainer method it runs (``check`` runs ``fit`` on a copy of the layout); ``None``: none.
-        trains: It keeps what it trains: ``--resume`` continues its run, an elastic restart keeps the checkpoint's
-            global batch, and once a step ran nothing of the run is removed.
+        trains: It keeps what it trains: ``--resume`` continues it; once a step ran, nothing of the run is removed.
         takes_checkpoint: It starts from ``--ckpt_path`` / ``--resume`` (a file or an object store's URL).
         evaluates: It evaluates weights: without a checkpoint (or ``--ckpt_path none``) it refuses.
         locks_run: It holds the run directory's lock (:mod:`project.run_lock`) for the whole command.
@@ -43,12 +42,10 @@ class Command:
         stops_on_signal: A stop signal (SIGTERM, SIGUSR1) ends it at the same step on every rank, saved, exit 75.
         self_test: It is the layout's self-test: its own options and join timeout, nothing written but check.json.
         starts_ranks_early: The early layer may fork its CPU ranks right after the imports (not Lightning's launcher).
-        runner: ``package.module:function`` that runs a command which builds no Trainer (``function(args)``).
-        arguments: ``package.module:function`` adding the command's own options to its parser (``function(parser)``).
-        settings: ``package.module:function`` adjusting the ``parallel`` section before the layout is resolved
-            (``function(section, config) -> section``).
-        trainer_kwargs: ``package.module:function`` giving a self-test's Trainer settings
-            (``function(config, callbacks) -> dict``).
+        runner: ``function(args)`` that runs a command which builds no Trainer.
+        arguments: ``function(parser)`` adding the command's own options to its parser.
+        settings: ``function(section, config) -> section`` adjusting the ``parallel`` section before it is resolved.
+        trainer_kwargs: ``function(config, callbacks) -> dict``: a self-test's Trainer settings.
     """
 
     name: str
