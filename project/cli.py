@@ -1,9 +1,8 @@
 """``python -m project fit|validate|test|predict|plan|check``: the path of one run, top to bottom.
 
-Read the command line, build (:class:`project.build.ProjectCLI`: config, checkpoint, layout, model, data, Trainer),
-check what can be checked before any process starts, run the command (``fit`` then tests the best checkpoint),
-say where the run went. A failure names its rank and stops the others; a run refused before its first optimizer
-step leaves no run directory. Bad input is one line on stderr and exit code 2 (:mod:`project.errors`).
+Build (:class:`project.build.ProjectCLI`), check what can be checked before any process starts, run the command
+(``fit`` then tests the best checkpoint), say where the run went. A failure names its rank and stops the others; a
+run refused before its first optimizer step leaves nothing behind. Bad input: one line, exit code 2.
 """
 
 from __future__ import annotations

@@ -126,11 +126,7 @@ def command_of(args: Sequence[str]) -> Command | None:
 
 
 def split_command(args: list[str]) -> tuple[Command, list[str]]:
-    """The command's row and its arguments; top-level ``--help`` prints the commands and exits.
-
-    Raises:
-        UserError: an unknown command.
-    """
+    """The command's row and its arguments; top-level ``--help`` prints the commands and exits (UserError: unknown)."""
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(USAGE + "\nEach command's options: python -m project COMMAND --help\n")
         raise SystemExit(0 if args else 2)

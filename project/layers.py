@@ -1,9 +1,8 @@
 """The optional layers: one folder each under ``project/extras/``, plugged into the core's tables.
 
-The core names no layer: each ``extras/<name>/layer.py`` has a ``LAYER`` saying what it adds, every hook an import
-path imported only when used, so listing the layers imports no Lightning (``--help`` reads the command rows).
-Removing a layer's folder (``make strip EXTRAS=name``) removes all it adds. A ``layer.py`` imports only this module,
-:mod:`project.commands` and the standard library.
+The core names no layer: each ``extras/<name>/layer.py`` has a ``LAYER`` saying what it adds, its hooks imported
+only when used, so listing the layers imports no Lightning. ``make strip EXTRAS=name`` removes a layer's folder and
+all it adds. A ``layer.py`` imports only this module, :mod:`project.commands` and the standard library.
 """
 
 from __future__ import annotations
@@ -22,9 +21,7 @@ EXTRAS = Path(__file__).resolve().parent / "extras"
 
 @dataclass(frozen=True)
 class Layer:
-    """What one layer adds to the core; every hook is an import path (``package.module:function``).
-
-    The fields, with their callers, are tabled in docs/development.md ("The core and its layers").
+    """What one layer adds to the core (tabled in docs/development.md); each hook an import path (``module:function``).
 
     Attributes:
         name: The layer's folder (``sweep``).

@@ -37,10 +37,7 @@ RUN_OPTIONS = ("ckpt_path", "resume", "test_after_fit", "assume_gpus", "json")
 
 
 class NoProfiler(PassThroughProfiler):
-    """Lightning's "no profiler" without the generator context manager it opens around every hook call.
-
-    The Trainer enters ``profiler.profile(...)`` around each hook, dozens of times a step: a shared ``nullcontext``.
-    """
+    """Lightning's "no profiler" without the context manager it opens around every hook, dozens of times a step."""
 
     _NOTHING = contextlib.nullcontext()
 
@@ -74,10 +71,7 @@ def unpin_versions(trainer: Namespace) -> None:
 
 
 def say_replaced_optimizer(model: L.LightningModule | None, optimizer: Any) -> None:
-    """One line, before training, when the config's ``optimizer:`` section replaces the module's own optimizers.
-
-    LightningCLI replaces ``configure_optimizers`` silently: from ``configs/digits.yaml`` one trains with AdamW.
-    """
+    """One line when the config's ``optimizer:`` section replaces the module's own (LightningCLI does it silently)."""
     if model is None or not isinstance(optimizer, Namespace) or not optimizer.get("class_path"):
         return
     if type(model).configure_optimizers is L.LightningModule.configure_optimizers:
@@ -102,10 +96,7 @@ def several_processes(trainer: Namespace, gpus: int) -> bool:
 
 
 def say_plain_lightning(trainer: Namespace, gpus: int) -> None:
-    """One ``note:`` line (rank 0) when a config without a ``parallel:`` section asks Lightning for several processes.
-
-    Such a run is plain Lightning, without the template's guarantees; nothing else would say so.
-    """
+    """One ``note:`` (rank 0): a config without ``parallel:`` asking for several processes runs plain Lightning."""
     if rank_zero_only.rank == 0 and several_processes(trainer, gpus):
         sys.stderr.write(
             "note: no parallel: section, so --trainer.devices/num_nodes/strategy run as plain Lightning, without the "
@@ -116,10 +107,10 @@ def say_plain_lightning(trainer: Namespace, gpus: int) -> None:
 
 
 def quiet_third_party() -> None:
-    """Silence, at their source, two lines of every run that no user of the template can act on; nothing else.
+    """Silence two lines of every run that no user can act on, and nothing else.
 
-    Lightning's "Tip: ... try installing litlogger" (an advertisement; every other info line stays), and torch
-    2.13's FutureWarning that ``LeafSpec`` is deprecated, raised on every batch by Lightning 2.6's own code.
+    Lightning's "Tip: ... try installing litlogger" (an advertisement), and torch 2.13's ``LeafSpec`` FutureWarning,
+    raised on every batch by Lightning 2.6's own code.
     """
 
     def not_the_tip(record: logging.LogRecord) -> bool:
@@ -145,11 +136,7 @@ def listed(value: Any) -> list[Any]:
 
 
 def refuse_trainer_overlap(parallel: Any, trainer: Namespace, defaults: Namespace) -> None:
-    """A plan-owned trainer setting beside the ``parallel`` section: one line naming the section's own setting.
-
-    Raises:
-        UserError: ``trainer.<key>`` differs from its default while the ``parallel`` section decides it.
-    """
+    """Refuse a plan-owned ``trainer.<key>`` set beside the ``parallel`` section, naming the section's setting."""
     if parallel is None:
         return
     # The parallel section's name for a trainer setting (devices, num_nodes, ... are the same).
