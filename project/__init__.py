@@ -22,11 +22,9 @@ class _ElsewhereSkipped:
 def _this_checkout_only() -> None:
     """Import ``project.*`` from this folder only, never from the checkout the shared environment installed.
 
-    ``pip install -e .`` (make setup) adds a finder that maps ``project`` to the installed checkout. A copy of the
-    checkout run with the same .venv imports ``project`` from the copy (the working folder comes first), but a
-    module missing from the copy would still be found by that finder, in the other checkout: a deleted module
-    would silently come back. So here, when the finder maps ``project`` to another folder, it stops answering
-    for ``project.*`` (a missing module is missing, as in a fresh install); it keeps answering for anything else.
+    ``pip install -e .``'s finder maps ``project`` to the installed checkout: a module missing from a copy run with
+    the same .venv would silently come from there. When it maps to another folder, it stops answering for
+    ``project.*`` (a missing module is missing, as in a fresh install) and keeps answering for anything else.
     """
     here = os.path.realpath(os.path.dirname(__file__))
     for index, finder in enumerate(sys.meta_path):

@@ -5,16 +5,13 @@ import sys
 
 from project.commands import Builds, answer_without_training_imports, command_of
 from project.launch.orphans import die_with_launcher
+from project.layers import hook, hooks  # already imported by the command table: standard library only
 
 if __name__ == "__main__":
-    # A rank torchrun or Lightning's launcher started ends when its launcher dies (standard library only, first).
-    die_with_launcher()
+    die_with_launcher()  # a rank torchrun or Lightning's launcher started ends when its launcher dies; first
     answer_without_training_imports(sys.argv[1:])  # --help and unknown commands: no Lightning import
     command = command_of(sys.argv[1:])
-    if command is not None and command.builds is Builds.DRIVER:
-        # A driver (a layer's: the sweep) starts its own processes and imports no torch here.
-        from project.layers import hook
-
+    if command is not None and command.builds is Builds.DRIVER:  # a layer's (the sweep): starts its own processes
         hook(str(command.runner))(sys.argv[2:])
         raise SystemExit(0)
     from project.launch import stop_signals
@@ -23,7 +20,6 @@ if __name__ == "__main__":
         stop_signals.install_defaults()
     try:
         from project.cli import main
-        from project.layers import hooks
 
         # The layers' wraps of the command, after the imports (early: a CPU run's ranks 1..N-1 are forked here).
         with contextlib.ExitStack() as around:

@@ -1,9 +1,8 @@
 """From the command line to live objects: LightningCLI, on its public API, plus the ``parallel`` section.
 
-:class:`ProjectCLI` parses one command's options (``run=False``: :mod:`project.cli` runs the command),
-then, before anything is built, chooses the checkpoint (which may point the logger at the run being
-resumed) and resolves the layout; it builds the model, the datamodule and a Trainer whose layout, checkpoint
-IO and template callbacks come from that resolution. ``plan`` builds the model and datamodule only.
+:class:`ProjectCLI` parses one command's options, chooses the checkpoint (which may point the logger at the resumed
+run) and resolves the layout before anything is built, then builds the model, the data and a Trainer from that
+layout (``plan``: model and data only). :mod:`project.cli` runs the command.
 """
 
 from __future__ import annotations
@@ -22,11 +21,8 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from project.callbacks import (
-    LoaderGuaranteesCallback,
-    StopOnSignal,
-    template_callbacks,
-)
+from project import run_config
+from project.callbacks import LoaderGuaranteesCallback, StopOnSignal, template_callbacks
 from project.callbacks.dispatch import skip_idle_batch_hooks
 from project.callbacks.float64 import Float64BeforeRestore
 from project.callbacks.model_checks import refuse_manual_accumulation, refuse_unshardable_callbacks
@@ -43,30 +39,16 @@ from project.parallel.threads import apply_cpu_threads
 from project.parser_stubs import resolve_stubs_in_process
 from project.plan.config import Hardware, ParallelConfig
 from project.plan.environment import detect_environment, refuse_stray_rank
-from project.run_config import (
-    NoProfiler,
-    SaveUserConfig,
-    add_run_options,
-    add_sections,
-    listed,
-    quiet_third_party,
-    refuse_trainer_overlap,
-    say_plain_lightning,
-    say_replaced_optimizer,
-    wants_template_progress_bar,
-)
 from project.run_state import RunState
 from project.run_store import open_run
 from project.runs import run_of_config
 
 # LightningCLI warns when it is given args while sys.argv has some; main() passes what it parsed on purpose.
 warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
-# Said in one line by say_replaced_optimizer, which also names the way out.
+# Said in one line by run_config.say_replaced_optimizer, which also names the way out.
 warnings.filterwarnings("ignore", message=r"`.*configure_optimizers` will be overridden by")
-quiet_third_party()  # two lines no user can act on (Lightning's litlogger tip, a torch deprecation in Lightning)
-
-# Before `python -m project` forks its ranks, so no process starts an interpreter to learn sys.path.
-resolve_stubs_in_process()
+run_config.quiet_third_party()  # two lines no user can act on (Lightning's litlogger tip, a torch deprecation)
+resolve_stubs_in_process()  # before `python -m project` forks its ranks: no process starts one to learn sys.path
 
 
 @rank_zero_only
@@ -80,12 +62,7 @@ def say_unwritten_predictions(callbacks: list[Any]) -> None:
 
 
 class ProjectCLI(LightningCLI):
-    """LightningCLI for one command (``fit``, ``validate``, ``test``, ``predict``, ``plan``) of ``python -m project``.
-
-    Args:
-        command: The command; its options are added to the parser.
-        args: The command line after the command.
-    """
+    """LightningCLI for one command of ``python -m project``, given the command line after the command."""
 
     def __init__(self, command: str, args: list[str]) -> None:
         self.command = command
@@ -99,7 +76,7 @@ class ProjectCLI(LightningCLI):
             datamodule_class=L.LightningDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
-            save_config_callback=None if self.row.self_test else SaveUserConfig,
+            save_config_callback=None if self.row.self_test else run_config.SaveUserConfig,
             # Each run gets a fresh version directory (or continues its own): an existing config.yaml is expected.
             save_config_kwargs={"overwrite": True},
             parser_class=ProjectArgumentParser,
@@ -110,7 +87,7 @@ class ProjectCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """The ``parallel`` section, the layers' sections, and this command's run options."""
-        add_sections(parser)
+        run_config.add_sections(parser)
         if not self.row.builds_trainer:  # plan
             parser.add_argument("--assume_gpus", type=int | None, default=None, help="Plan for a machine with N GPUs.")
             parser.add_argument("--json", action=ActionYesNo, default=False, help="Print one JSON object.")
@@ -118,7 +95,7 @@ class ProjectCLI(LightningCLI):
         if self.row.arguments is not None:  # a layer's command (check): its own options instead of the run's
             hook(self.row.arguments)(parser)
             return
-        add_run_options(parser, self.command)
+        run_config.add_run_options(parser, self.command)
 
     def before_instantiate_classes(self) -> None:
         """Choose the checkpoint and resolve the layout, before anything is built."""
@@ -133,9 +110,9 @@ class ProjectCLI(LightningCLI):
         parallel = config.get("parallel")
         if parallel is None and self.row.builds_trainer:
             confirm_started_ranks(None)  # ranks forked at start-up for a section the parser does not see: refused
-            say_plain_lightning(config.trainer, torch.cuda.device_count())
+            run_config.say_plain_lightning(config.trainer, torch.cuda.device_count())
             return
-        refuse_trainer_overlap(parallel, config.trainer, self.parser.get_defaults().trainer)
+        run_config.refuse_trainer_overlap(parallel, config.trainer, self.parser.get_defaults().trainer)
         settings = ParallelConfig(**parallel.as_dict()) if parallel is not None else ParallelConfig()
         if self.row.settings is not None:  # a layer's command adjusts the section (check: its short timeout)
             settings = hook(self.row.settings)(settings, config)
@@ -185,11 +162,11 @@ class ProjectCLI(LightningCLI):
                 raise cause from None
             raise UserError(f"could not build the model/data/trainer from the config: {root_cause(error)}") from error
         if self.row.steps_optimizer:  # before any process starts; evaluation never accumulates
-            state = self.state
-            refuse_manual_accumulation(self.model, self.trainer.accumulate_grad_batches, state.section, state.built)
+            accumulation = self.trainer.accumulate_grad_batches
+            refuse_manual_accumulation(self.model, accumulation, self.state.section, self.state.built)
             refuse_unshardable_callbacks(self.trainer)
         if self.row.trains:
-            say_replaced_optimizer(self.model, self.config.get("optimizer"))
+            run_config.say_replaced_optimizer(self.model, self.config.get("optimizer"))
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The Trainer, with the plan's layout, atomic checkpoint IO and the template's callbacks."""
@@ -203,20 +180,17 @@ class ProjectCLI(LightningCLI):
             kwargs["precision"] = None
             kwargs["plugins"] = [*kwargs["plugins"], DoublePrecision()]
         if trainer_config.get("profiler") is None and not trainer_config.get("barebones"):
-            kwargs["profiler"] = NoProfiler()  # Lightning's default without its per-hook cost
+            kwargs["profiler"] = run_config.NoProfiler()  # Lightning's default without its per-hook cost
         chosen = self.chosen.path if self.chosen is not None else None
         section = self.state.section or ParallelConfig()
-        configured = listed(trainer_config.get("callbacks"))
-        bar = wants_template_progress_bar(trainer_config)
         stop = StopOnSignal(section.stop_signals, section.stop_grace_s) if self.row.stops_on_signal else None
+        bar = run_config.wants_template_progress_bar(trainer_config)
         own = template_callbacks(self.state, self.loaders, chosen, bar, stop)
         # What the model itself must become: float64 before a restore
-        shaping: list[L.Callback] = []
-        if plan is not None and plan.precision == "64":
-            shaping.append(Float64BeforeRestore())
+        shaping: list[L.Callback] = [Float64BeforeRestore()] if plan is not None and plan.precision == "64" else []
         # The layers' own (a sweep trial's pruning, the hang recorder), after the template's; a self-test keeps them
         layered = [c for callbacks in hooks("callbacks") for c in callbacks(self.state, self.row, self.config)]
-        kwargs["callbacks"] = [*configured, *own, *shaping, *layered]
+        kwargs["callbacks"] = [*run_config.listed(trainer_config.get("callbacks")), *own, *shaping, *layered]
         if self.row.trainer_method == "predict":
             say_unwritten_predictions(kwargs["callbacks"])
         if self.row.trainer_kwargs is not None:  # a self-test (check): the layout and model as configured, no records

@@ -1,15 +1,8 @@
 """``python -m project fit|validate|test|predict|plan|check``: the path of one run, top to bottom.
 
-1. Read the command line: drop a legacy ``--local_rank`` (``torch.distributed.launch``), take the command.
-2. Build (:class:`project.build.ProjectCLI`): parse the config, choose the checkpoint, resolve the layout
-   (the ``parallel`` section), build the model, the datamodule and the Trainer.
-3. Check what can be checked before any process starts: weights to evaluate, a checkpoint that fits.
-4. Run the command (``fit`` then tests the best checkpoint, when the module has a ``test_step`` and test data);
-   a failed rank is named, the started ranks are stopped, and a run directory made by a run that was refused
-   before its first optimizer step is removed (after it, every file is kept).
-5. Say where the run went; leave the process group together.
-
-Bad input is one line on stderr and exit code 2 (:mod:`project.errors`).
+Build (:class:`project.build.ProjectCLI`), check what can be checked before any process starts, run the command
+(``fit`` then tests the best checkpoint), say where the run went. A failure names its rank and stops the others; a
+run refused before its first optimizer step leaves nothing behind. Bad input: one line, exit code 2.
 """
 
 from __future__ import annotations
@@ -34,7 +27,6 @@ from project.config_errors import check_config_files
 from project.errors import Preempted, UserError, exit_with, run_reporting_user_errors
 from project.launch import stop_signals
 from project.launch.legacy import strip_legacy_local_rank
-from project.launch.stop_signals import StopSignal
 from project.layers import hook
 from project.lightning_private import stop_launched_processes
 from project.parallel.collectives import leave_together
@@ -53,21 +45,9 @@ class Run:
 
     command: str
     cli: ProjectCLI
-
-    @property
-    def trainer(self) -> L.Trainer:
-        """The Trainer that ran the command."""
-        return self.cli.trainer
-
-    @property
-    def model(self) -> L.LightningModule:
-        """The LightningModule."""
-        return self.cli.model
-
-    @property
-    def datamodule(self) -> L.LightningDataModule:
-        """The datamodule."""
-        return self.cli.datamodule
+    trainer: L.Trainer
+    model: L.LightningModule
+    datamodule: L.LightningDataModule
 
 
 def execute(argv: list[str]) -> Run | None:
@@ -98,7 +78,7 @@ def execute(argv: list[str]) -> Run | None:
     finally:
         stop_signals.finish()  # a signal from here on changes nothing: the command is done
     say_where_the_run_went(cli.trainer)
-    return Run(command.name, cli)
+    return Run(command.name, cli, cli.trainer, cli.model, cli.datamodule)
 
 
 def run_in_worker(argv: list[str]) -> str | None:
@@ -111,9 +91,7 @@ def has_test_to_run(model: L.LightningModule, data: L.LightningDataModule | None
     """Why ``fit`` cannot test after training (no ``test_step``, no test data); ``None`` when it can."""
     if not is_overridden("test_step", model):
         return f"{type(model).__name__} has no test_step"
-    if not (is_overridden("test_dataloader", data) if data is not None else False) and not is_overridden(
-        "test_dataloader", model
-    ):
+    if not any(is_overridden("test_dataloader", owner) for owner in (data, model) if owner is not None):
         return f"{type(data or model).__name__} has no test_dataloader"
     return None
 
@@ -133,8 +111,7 @@ def _test_after_fit(cli: ProjectCLI) -> None:
 def run_command(command: Command, cli: ProjectCLI) -> None:
     """Run ``command`` on the built objects; on failure name the rank, stop the others, clean up a refused run.
 
-    Cleanup happens only before the first optimizer step of the run: once it trained, every file it wrote is
-    kept, whatever fails afterwards (the test after fit, the export, a rank).
+    Only a run refused before its first optimizer step is cleaned up: once it trained, every file it wrote is kept.
     """
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
     ckpt_path = cli.chosen.path if cli.chosen is not None else None
@@ -170,7 +147,7 @@ def run_command(command: Command, cli: ProjectCLI) -> None:
 
 
 def _explain(command: Command, cli: ProjectCLI, error: BaseException, start_step: int) -> BaseException | None:
-    """What ended ``command``, as its one line: a stop signal, a worker's own error, a lost or stuck rank; else None.
+    """What ended ``command``, as one line: a stop signal, a worker's error, a lost or stuck rank; else None.
 
     Called before the other ranks are stopped, so that the rank that died first is told apart.
     """
@@ -196,15 +173,6 @@ def say_where_the_run_went(trainer: L.Trainer) -> None:
         print(f"Run directory: {active().shown(log_dir)}", flush=True)  # in object storage: its URL, then the cache
 
 
-def leave_process_group() -> None:
-    """After a successful run, leave the process group together and cleanly, rank 0 last.
-
-    Rank 0 hosts the rendezvous store under Lightning's launcher and SLURM (see
-    :func:`project.parallel.collectives.leave_together`).
-    """
-    leave_together()
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m project``; ``argv`` defaults to the command line."""
     stop_signals.own_process()  # the stop signals stay handled until this process exits
@@ -215,11 +183,11 @@ def main(argv: list[str] | None = None) -> None:
             # Lightning's launcher re-runs sys.argv for ranks 1..N-1: keep it equal to what is parsed.
             sys.argv[1:] = strip_legacy_local_rank(args)[0]
         execute(args)
-        leave_process_group()
+        leave_together()  # rank 0 last: it hosts the rendezvous store under Lightning's launcher and SLURM
 
     try:
         run_reporting_user_errors(run)
-    except StopSignal as stop:  # while the run was being built: nothing ran yet
+    except stop_signals.StopSignal as stop:  # while the run was being built: nothing ran yet
         exit_with(stop_signals.stopped_early(stop), code=Preempted.exit_code)
     except KeyboardInterrupt:
         raise SystemExit(130) from None

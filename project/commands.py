@@ -1,13 +1,8 @@
 """The commands of ``python -m project``: one row each, and the answers that need no training imports.
 
-Each :class:`Command` row says what its command builds and does (whether it trains, takes a checkpoint, locks the
-run directory, tracks, tests after fit, may have its ranks started at once): :mod:`project.__main__`, the early
-layer's pre-parse, the builder (:mod:`project.build`) and :mod:`project.cli` read the row instead of
-comparing the command's name. A new command is a new row.
-
-``python -m project``, ``--help`` and an unknown command are answered here, before Lightning (about 5 s to import
-on 2 cores) is imported: :mod:`project.__main__` asks :func:`answer_without_training_imports` first. Standard
-library only.
+Each :class:`Command` row says what its command builds and does; the code reads the row instead of comparing names.
+A new command is a new row. ``--help`` and an unknown command are answered here, before Lightning (about 5 s to
+import) is: standard library only.
 """
 
 from __future__ import annotations
@@ -31,31 +26,26 @@ class Builds(Enum):
 
 @dataclass(frozen=True)
 class Command:
-    """One command of ``python -m project`` and what it does (every fact a place in the code reads).
+    """One command of ``python -m project`` and every fact the code reads about it; hooks are ``module:function``.
 
     Attributes:
         name: The command, as typed.
         help: Its line in ``python -m project --help``.
         builds: What it builds before it runs.
         trainer_method: The Trainer method it runs (``check`` runs ``fit`` on a copy of the layout); ``None``: none.
-        trains: It keeps what it trains: ``--resume`` continues its run, an elastic restart keeps the checkpoint's
-            global batch, and once a step ran nothing of the run is removed.
+        trains: It keeps what it trains: ``--resume`` continues it; once a step ran, nothing of the run is removed.
         takes_checkpoint: It starts from ``--ckpt_path`` / ``--resume`` (a file or an object store's URL).
         evaluates: It evaluates weights: without a checkpoint (or ``--ckpt_path none``) it refuses.
         locks_run: It holds the run directory's lock (:mod:`project.run_lock`) for the whole command.
         tracks: The ``tracking`` section's logger (MLflow) records it.
         tests_after: ``--test_after_fit`` (default on) tests the best checkpoint afterwards.
         stops_on_signal: A stop signal (SIGTERM, SIGUSR1) ends it at the same step on every rank, saved, exit 75.
-        self_test: It is the layout's self-test: its own options, the check's join timeout, nothing written but
-            ``check.json``.
-        starts_ranks_early: ``python -m project`` may fork its CPU ranks right after the imports (the early
-            layer) instead of Lightning's launcher starting them.
-        runner: ``package.module:function`` that runs a command which builds no Trainer (``function(args)``).
-        arguments: ``package.module:function`` adding the command's own options to its parser (``function(parser)``).
-        settings: ``package.module:function`` adjusting the ``parallel`` section before the layout is resolved
-            (``function(section, config) -> section``).
-        trainer_kwargs: ``package.module:function`` giving the Trainer's settings of a self-test
-            (``function(config, callbacks) -> dict``).
+        self_test: It is the layout's self-test: its own options and join timeout, nothing written but check.json.
+        starts_ranks_early: The early layer may fork its CPU ranks right after the imports (not Lightning's launcher).
+        runner: ``function(args)`` that runs a command which builds no Trainer.
+        arguments: ``function(parser)`` adding the command's own options to its parser.
+        settings: ``function(section, config) -> section`` adjusting the ``parallel`` section before it is resolved.
+        trainer_kwargs: ``function(config, callbacks) -> dict``: a self-test's Trainer settings.
     """
 
     name: str
@@ -95,6 +85,7 @@ class Command:
         return self.trainer_method == "fit"
 
 
+_EVALUATES = {"takes_checkpoint": True, "evaluates": True, "starts_ranks_early": True}
 #: The core's commands; each layer adds its own rows (project/layers.py, a layer's ``commands``).
 CORE_COMMANDS: tuple[Command, ...] = (
     Command(
@@ -110,32 +101,10 @@ CORE_COMMANDS: tuple[Command, ...] = (
         stops_on_signal=True,
         starts_ranks_early=True,
     ),
+    Command("validate", "evaluate a checkpoint on the validation set", Builds.TRAINER, "validate", **_EVALUATES),
+    Command("test", "evaluate a checkpoint on the test set", Builds.TRAINER, "test", **_EVALUATES),
     Command(
-        "validate",
-        "evaluate a checkpoint on the validation set",
-        Builds.TRAINER,
-        "validate",
-        takes_checkpoint=True,
-        evaluates=True,
-        starts_ranks_early=True,
-    ),
-    Command(
-        "test",
-        "evaluate a checkpoint on the test set",
-        Builds.TRAINER,
-        "test",
-        takes_checkpoint=True,
-        evaluates=True,
-        starts_ranks_early=True,
-    ),
-    Command(
-        "predict",
-        "run predict_step over the predict set with a checkpoint",
-        Builds.TRAINER,
-        "predict",
-        takes_checkpoint=True,
-        evaluates=True,
-        starts_ranks_early=True,
+        "predict", "run predict_step over the predict set with a checkpoint", Builds.TRAINER, "predict", **_EVALUATES
     ),
     Command("plan", "resolve the parallel layout without training (--assume_gpus N, --json)", Builds.MODEL_AND_DATA),
 )
@@ -157,11 +126,7 @@ def command_of(args: Sequence[str]) -> Command | None:
 
 
 def split_command(args: list[str]) -> tuple[Command, list[str]]:
-    """The command's row and its arguments; top-level ``--help`` prints the commands and exits.
-
-    Raises:
-        UserError: an unknown command.
-    """
+    """The command's row and its arguments; top-level ``--help`` prints the commands and exits (UserError: unknown)."""
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(USAGE + "\nEach command's options: python -m project COMMAND --help\n")
         raise SystemExit(0 if args else 2)

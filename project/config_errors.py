@@ -20,8 +20,7 @@ from project.errors import UserError, debug_enabled, exit_with
 class ProjectArgumentParser(LightningArgumentParser):
     """LightningArgumentParser whose errors are one line and a tip, not a page of usage."""
 
-    #: Options of an earlier version under their old keys -> their keys now (``parallel.sharding`` ->
-    #: ``parallel.fsdp.sharding``), set by whoever adds the section (project.build): an old key's error says the new.
+    #: Old option keys -> their keys now (``parallel.sharding`` -> ``parallel.fsdp.sharding``), set with the section.
     moved_options: Mapping[str, str] = MappingProxyType({})
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
@@ -42,8 +41,7 @@ class ProjectArgumentParser(LightningArgumentParser):
         exit_with(UserError(f"{detail[:600]} (see {prog} --help)"))
 
 
-# How jsonargparse says a section has no such option: in a config file (a section, a subsection) or on the command
-# line (a subsection's option, reported inside its section's "Parser key").
+# How jsonargparse says a section has no such option: in a config file, or on the command line (a subsection's).
 _UNKNOWN = (
     re.compile(r"Option '(?P<option>[^']+)' is not accepted"),
     re.compile(r"Group '(?P<group>[^']+)' does not accept option '(?P<option>[^']+)'"),
@@ -51,8 +49,7 @@ _UNKNOWN = (
 )
 
 
-#: Options that a layer adds, by key (a section's key covers its options) -> the layer: an unknown option that is
-#: one of them says which layer it needs (that layer was stripped), as the core's refusals of a layer's values do.
+#: Options a layer adds (a section's key covers its options) -> the layer: unknown, they name the stripped layer.
 LAYER_OPTIONS: Mapping[str, str] = MappingProxyType(
     {f"parallel.{key}": "lr" for key in ("learning_rate", "lr_scaling", "reference_batch_size", "warmup_steps")}
 )
@@ -67,10 +64,9 @@ _CLASS_PATHS = re.compile(
 
 
 def class_path_failure(message: str, argv: list[str] | None = None) -> str | None:
-    """A class path in jsonargparse's report that does not import, and why: the module, the error, its line.
+    """A class path in jsonargparse's report that does not import, and why: "--model a.B: module a has no class B".
 
-    jsonargparse reports a class path that fails to import as a value of the wrong type ("model=... is not
-    LightningModule"); the import error itself is what the user needs: "--model a.B: module a has no class B".
+    jsonargparse reports it as a value of the wrong type ("model=... is not LightningModule"), hiding the import error.
     """
     for found in _CLASS_PATHS.finditer(message):
         path = next(group for group in found.groups() if group)
@@ -144,8 +140,7 @@ def _bad_type(message: str) -> str | None:
     found = re.search(r"(?:Got|Given) value: (\S+)", tail)
     if found is None or found.group(1).startswith("NestedArg("):  # a nested section's own report: not a value
         return None
-    # A union lists its types before "Errors:"; a plain type is the one "Expected" before the value (what follows
-    # it is about the enclosing section's other types).
+    # A union lists its types before "Errors:"; a plain type is "Expected" before the value (after: other types').
     expected = tail.split("Errors:")[0] if "Subtypes:" in tail[: found.start()] else tail[: found.start()]
     words: list[str] = []
     for name, choices in re.findall(r"<class '(?:[\w.]+\.)?(\w+)'>|typing\.Literal\[([^\]]*)\]", expected):

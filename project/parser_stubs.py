@@ -1,10 +1,7 @@
 """jsonargparse's stub resolver, told this interpreter's ``sys.path`` instead of asking a new one.
 
-jsonargparse reads type stubs (through typeshed_client) for parameters without annotations, and
-typeshed_client's default search context starts ``python -c 'print(sys.path)'`` to learn the path. That
-child costs every process of every command a second interpreter start, and when a rank is stopped while it
-waits (a refusal on rank 0 stops the forked ranks), the orphan prints a ``BrokenPipeError`` traceback into
-the run's stderr. The same interpreter is already running here, so its own path is the answer.
+typeshed_client's default search context starts ``python -c 'print(sys.path)'``: a second interpreter start in
+every process, and a rank stopped while it waits leaves an orphan printing a ``BrokenPipeError`` into stderr.
 """
 
 from __future__ import annotations

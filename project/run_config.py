@@ -1,7 +1,4 @@
-"""What a command's config holds beyond the model and data, for the builder (:mod:`project.build`).
-
-The run options, the trainer settings the plan owns, the run's saved ``config.yaml``, and the notes and defaults.
-"""
+"""A command's config beyond model and data (:mod:`project.build`): run options, notes, the saved config.yaml."""
 
 from __future__ import annotations
 
@@ -40,11 +37,7 @@ RUN_OPTIONS = ("ckpt_path", "resume", "test_after_fit", "assume_gpus", "json")
 
 
 class NoProfiler(PassThroughProfiler):
-    """Lightning's "no profiler" without the generator context manager it opens around every hook call.
-
-    The Trainer enters ``profiler.profile(...)`` around each callback and module hook, dozens of times a
-    step; a shared ``nullcontext`` makes that nearly free when no profiler was asked for.
-    """
+    """Lightning's "no profiler" without the context manager it opens around every hook, dozens of times a step."""
 
     _NOTHING = contextlib.nullcontext()
 
@@ -54,10 +47,7 @@ class NoProfiler(PassThroughProfiler):
 
 
 class SaveUserConfig(SaveConfigCallback):
-    """``config.yaml`` as the user configured the run: without the options that only say how to run it.
-
-    So ``test --config <run>/config.yaml`` (or ``validate``, ``predict``) takes a run's own config file.
-    """
+    """``config.yaml`` without the run options, so ``test --config <run>/config.yaml`` takes a run's own file."""
 
     def __init__(self, parser: LightningArgumentParser, config: Namespace, **kwargs: Any) -> None:
         config = config.clone()
@@ -71,8 +61,8 @@ class SaveUserConfig(SaveConfigCallback):
 def unpin_versions(trainer: Namespace) -> None:
     """Drop the loggers' ``version`` from a config to be saved: a run's config starts a new run, never this one.
 
-    ``--resume auto`` points the logger at the resumed run's version; saved as such, ``fit --config
-    <run>/config.yaml`` would train again inside the old run and ``test`` would overwrite its files.
+    ``--resume auto`` pins the resumed run's version; saved, ``fit --config <run>/config.yaml`` would train inside
+    the old run and ``test`` would overwrite its files.
     """
     for logger in listed(trainer.get("logger")):
         init_args = logger.get("init_args") if isinstance(logger, Namespace) else None
@@ -81,11 +71,7 @@ def unpin_versions(trainer: Namespace) -> None:
 
 
 def say_replaced_optimizer(model: L.LightningModule | None, optimizer: Any) -> None:
-    """One line, before training, when the config's ``optimizer:`` section replaces the module's own optimizers.
-
-    LightningCLI puts the section's optimizer (and ``lr_scheduler:``) in place of ``configure_optimizers``; a user
-    who started from ``configs/digits.yaml`` would otherwise train with AdamW without knowing.
-    """
+    """One line when the config's ``optimizer:`` section replaces the module's own (LightningCLI does it silently)."""
     if model is None or not isinstance(optimizer, Namespace) or not optimizer.get("class_path"):
         return
     if type(model).configure_optimizers is L.LightningModule.configure_optimizers:
@@ -100,22 +86,17 @@ def say_replaced_optimizer(model: L.LightningModule | None, optimizer: Any) -> N
 
 def several_processes(trainer: Namespace, gpus: int) -> bool:
     """Whether Lightning's own trainer settings ask for more than one process (devices, nodes, a strategy)."""
-    devices, nodes, strategy = trainer.get("devices"), trainer.get("num_nodes") or 1, trainer.get("strategy")
+    devices = trainer.get("devices")
     if isinstance(devices, str):
         devices = gpus if devices.strip() in ("auto", "-1") else len(devices.split(",")) if "," in devices else devices
     if isinstance(devices, (list, tuple)):
         devices = len(devices)
     count = gpus if devices == -1 else int(devices) if str(devices).isdigit() else 1
-    named = strategy not in UNNAMED_STRATEGIES
-    return count > 1 or int(nodes) > 1 or named
+    return count > 1 or int(trainer.get("num_nodes") or 1) > 1 or trainer.get("strategy") not in UNNAMED_STRATEGIES
 
 
 def say_plain_lightning(trainer: Namespace, gpus: int) -> None:
-    """One ``note:`` line (rank 0) when a config without a ``parallel:`` section asks Lightning for several processes.
-
-    Such a run is plain Lightning: the loader's batch size is per process (the global batch grows with the world
-    size), DistributedSampler pads evaluation, and none of the template's guarantees hold; nothing said so.
-    """
+    """One ``note:`` (rank 0): a config without ``parallel:`` asking for several processes runs plain Lightning."""
     if rank_zero_only.rank == 0 and several_processes(trainer, gpus):
         sys.stderr.write(
             "note: no parallel: section, so --trainer.devices/num_nodes/strategy run as plain Lightning, without the "
@@ -126,11 +107,10 @@ def say_plain_lightning(trainer: Namespace, gpus: int) -> None:
 
 
 def quiet_third_party() -> None:
-    """Silence, at their source, two lines of every run that no user of the template can act on; nothing else.
+    """Silence two lines of every run that no user can act on, and nothing else.
 
-    Lightning's "Tip: ... try installing litlogger" (an info record, an advertisement for its cloud logger; every
-    other info line stays), and torch 2.13's FutureWarning that ``LeafSpec`` is deprecated, raised by Lightning
-    2.6's own ``lightning/pytorch/utilities/_pytree.py`` on every batch: a deprecation in Lightning's code.
+    Lightning's "Tip: ... try installing litlogger" (an advertisement), and torch 2.13's ``LeafSpec`` FutureWarning,
+    raised on every batch by Lightning 2.6's own code.
     """
 
     def not_the_tip(record: logging.LogRecord) -> bool:
@@ -152,20 +132,14 @@ def wants_template_progress_bar(trainer_config: dict[str, Any]) -> bool:
 
 def listed(value: Any) -> list[Any]:
     """A config value that may be one item, a list of them, or nothing, as a list."""
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def refuse_trainer_overlap(parallel: Any, trainer: Namespace, defaults: Namespace) -> None:
-    """A plan-owned trainer setting beside the ``parallel`` section: one line naming the section's own setting.
-
-    Raises:
-        UserError: ``trainer.<key>`` differs from its default while the ``parallel`` section decides it.
-    """
+    """Refuse a plan-owned ``trainer.<key>`` set beside the ``parallel`` section, naming the section's setting."""
     if parallel is None:
         return
-    # The parallel section's name for each trainer setting (devices, num_nodes, ... are the same).
+    # The parallel section's name for a trainer setting (devices, num_nodes, ... are the same).
     renamed = {"accelerator": "scenario", "strategy": "scenario", "accumulate_grad_batches": "accumulation"}
     for key in PLAN_OWNED_TRAINER_KEYS:
         value = trainer.get(key)
@@ -182,10 +156,7 @@ def refuse_trainer_overlap(parallel: Any, trainer: Namespace, defaults: Namespac
 
 
 def add_sections(parser: LightningArgumentParser) -> None:
-    """The sections every command takes: ``parallel`` and each layer's (``tracking``, ``--storage_options``).
-
-    A run's own config.yaml holds them, so ``plan``, ``check`` and ``test`` take that file.
-    """
+    """The sections every command takes, so each takes a run's config.yaml: ``parallel`` and each layer's."""
     parser.add_argument(
         "--parallel",
         type=ParallelConfig | None,
