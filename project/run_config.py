@@ -136,9 +136,21 @@ def listed(value: Any) -> list[Any]:
 
 
 def refuse_trainer_overlap(parallel: Any, trainer: Namespace, defaults: Namespace) -> None:
-    """Refuse a plan-owned ``trainer.<key>`` set beside the ``parallel`` section, naming the section's setting."""
+    """Refuse a plan-owned ``trainer.<key>`` set beside the ``parallel`` section, naming the section's setting.
+
+    ``trainer.accumulate_grad_batches: N`` means exactly ``parallel.accumulation: N``: taken as that, with a note,
+    unless the section sets its own accumulation.
+    """
     if parallel is None:
         return
+    accumulate = trainer.get("accumulate_grad_batches")
+    if accumulate != defaults.get("accumulate_grad_batches") and parallel.get("accumulation") is None:
+        parallel.accumulation, trainer.accumulate_grad_batches = accumulate, defaults.get("accumulate_grad_batches")
+        if rank_zero_only.rank == 0:
+            sys.stderr.write(
+                f"note: trainer.accumulate_grad_batches={accumulate} is taken as parallel.accumulation: {accumulate} "
+                "(the parallel section decides the batch arithmetic; the run's config.yaml says it there)\n"
+            )
     # The parallel section's name for a trainer setting (devices, num_nodes, ... are the same).
     renamed = {"accelerator": "scenario", "strategy": "scenario", "accumulate_grad_batches": "accumulation"}
     for key in PLAN_OWNED_TRAINER_KEYS:
