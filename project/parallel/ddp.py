@@ -1,10 +1,8 @@
 """The seed's DistributedDataParallel recipe, one section per step, in the seed's order.
 
-The seed joins one process per GPU in a process group, wraps the model in DDP, gives each process its share of
-the data with a DistributedSampler, waits at ``synchronize()`` and evaluates ``model.module``. Each section below
-starts with the seed's lines it replaces (docs/parallel.md, "The seed's recipe, line by line"); its launch and
-``--local_rank`` are :mod:`project.launch.legacy`'s. Importing this module imports no Lightning: :func:`unwrap`
-serves the plain-Python export too.
+Each section starts with the seed's lines it replaces (docs/parallel.md, "The seed's recipe, line by line"); its
+launch and ``--local_rank`` are :mod:`project.launch.legacy`'s. Importing this module imports no Lightning:
+:func:`unwrap` serves the plain-Python export too.
 """
 
 from __future__ import annotations
@@ -42,10 +40,7 @@ if TYPE_CHECKING:
 #   model = DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank, broadcast_buffers=False)
 # Lightning's DDPStrategy sets the device, joins the group and wraps the model; the plan gives it these options.
 def ddp_buffer_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
-    """The seed's ``broadcast_buffers`` under the name the installed torch uses.
-
-    torch 2.13 deprecates it (FutureWarning) for ``forward_sync_buffers``, which keeps the per-forward meaning.
-    """
+    """The seed's ``broadcast_buffers`` under the installed torch's name (2.13: ``forward_sync_buffers``)."""
     params = inspect.signature(DistributedDataParallel.__init__).parameters
     name = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
     return {name: broadcast_buffers}
@@ -55,12 +50,13 @@ def ddp_kwargs(args: dict[str, Any], backend: str | None) -> dict[str, Any]:
     """Lightning ``DDPStrategy`` keyword arguments from the plan's DDP arguments (``plan``'s ``ddp_args``)."""
     kwargs = dict(args)
     ddp = kwargs.pop("ddp")  # the parallel.ddp subsection: DDP's flags
-    kwargs.update(find_unused_parameters=ddp["find_unused_parameters"], **ddp_buffer_kwargs(ddp["broadcast_buffers"]))
     return {
         "process_group_backend": backend,  # parallel.backend; env:// and set_device are Lightning's
         "timeout": timedelta(seconds=kwargs.pop("timeout_s")),
         "start_method": kwargs.pop("start_method"),
         **kwargs,
+        "find_unused_parameters": ddp["find_unused_parameters"],
+        **ddp_buffer_kwargs(ddp["broadcast_buffers"]),
     }
 
 
@@ -111,10 +107,9 @@ class BarrierTimeoutError(RunFailure):
 
 
 def synchronize(name: str, timeout_s: float) -> float:
-    """Wait for every rank at barrier ``name`` (what BarrierCallback calls); return this rank's wait in seconds.
+    """Wait for every rank at barrier ``name`` (BarrierCallback's); return this rank's wait in seconds (0.0: one rank).
 
-    A no-op (0.0) unless torch.distributed is available, initialised and has > 1 rank. On gloo a monitored barrier
-    names the ranks that did not arrive; elsewhere an asynchronous barrier has the same deadline.
+    On gloo a monitored barrier names the ranks that did not arrive; elsewhere an asynchronous barrier has the deadline.
     """
     if process_group_size() == 1:
         return 0.0
@@ -139,16 +134,14 @@ def synchronize(name: str, timeout_s: float) -> float:
 
 # --- 4. Evaluation on the bare model. The seed, at test time:
 #   model = model.module
-#: Attributes through which wrappers hold the module they wrap: DataParallel/DDP (``module``), torch.compile's,
-#: Lightning's and Fabric's wrappers (see project.lightning_private).
+#: Attributes through which wrappers hold the module they wrap: DP/DDP (``module``), torch.compile's, Lightning's.
 WRAPPER_ATTRS = ("module", COMPILED_ATTRIBUTE, WRAPPER_ATTRIBUTE)
 
 
 def _is_wrapper(model: nn.Module) -> bool:
-    if isinstance(model, (nn.DataParallel, DistributedDataParallel)):
-        return True
-    # Matched by name so that this module never imports Lightning or torch._dynamo.
-    return type(model).__name__ == "OptimizedModule" or type(model).__name__ in WRAPPER_CLASS_NAMES
+    # Matched by name too, so that this module never imports Lightning or torch._dynamo.
+    names = ("OptimizedModule", *WRAPPER_CLASS_NAMES)
+    return isinstance(model, (nn.DataParallel, DistributedDataParallel)) or type(model).__name__ in names
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -165,8 +158,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 def evaluate_unwrapped(trainer: Any, pl_module: nn.Module) -> nn.Module | None:
     """Evaluate the bare module with rank 0's buffers (BatchNorm statistics): the DDP wrapper taken off, or ``None``.
 
-    A sharded (FSDP) module is not swapped: its forward gathers its parameters itself. Its ranks still evaluate
-    rank 0's buffers, which are what its checkpoint holds.
+    A sharded (FSDP) module is not swapped (its forward gathers its parameters) but still gets rank 0's buffers.
     """
     model = trainer.strategy.model
     swap = model is not None and unwrap(model) is not model

@@ -1,21 +1,11 @@
 """What the Trainer's ``limit_*_batches`` mean under the parallel layer: the same samples at any world size.
 
-Lightning counts a limit in each process's own batches. With the layer's evaluation shards that would make
-2 processes, each taking the first 3 batches of its own shard, see other samples than 1 process taking the
-first 3 batches of the dataset. Here a limit is read as Lightning reads it on one process and turned into samples:
-
-- ``limit_val_batches``, ``limit_test_batches``, ``limit_predict_batches``: an int ``N`` keeps the dataset's first
-  ``N x batch_size`` samples (the loader's ``batch_size``); a fraction ``f`` keeps the first ``int(f x batches)``
-  whole batches of it (Lightning's rounding on one process). :class:`~project.parallel.samplers.EvalShardSampler`
-  shards those samples over the ranks, each once, and the Trainer's per-process limit cuts nothing more: an int
-  ``N`` cannot (no shard of ``N x batch_size`` samples holds more than ``N`` batches), a fraction is lifted to 1.0
-  while the loaders are in use (:class:`TrainerLimits`).
-- ``limit_train_batches``: the layer's training batches are global (micro-)batches already
-  (:class:`~project.parallel.samplers.GlobalBatchSampler`, :class:`~project.parallel.stream.GlobalBatchStream`):
-  each process has one batch per global batch, so Lightning's count is the global one at any world size.
-
-A ``val_check_interval`` beyond an epoch is refused before training (:func:`refuse_unreachable_validation`); a
-training stream that ends before validation was due is validated at its end, said in one line (:class:`TrainerLimits`).
+Lightning counts a limit in each process's own batches, so 2 processes of evaluation shards would see other samples
+than 1. Here a limit is read as on one process and turned into samples. Evaluation: an int ``N`` keeps the dataset's
+first ``N x batch_size`` samples, a fraction ``f`` its first ``int(f x batches)`` batches; EvalShardSampler shards
+those, and the Trainer's per-process limit cuts nothing more (an int cannot; a fraction is lifted to 1.0 while the
+loaders are in use: :class:`TrainerLimits`). Training: the layer's batches are global already (one per process per
+global batch), so Lightning's count is the global one at any world size.
 """
 
 from __future__ import annotations
@@ -40,25 +30,15 @@ SETTINGS = {
 
 @dataclass(frozen=True)
 class Limit:
-    """The samples one ``limit_*_batches`` keeps.
+    """The samples one ``limit_*_batches`` keeps (training: in global micro-batches; ``None``: all of a stream)."""
 
-    Attributes:
-        setting: ``limit_val_batches``, ...
-        value: What the user set (an int number of batches, or a fraction).
-        batches: Batches kept (global batches for training); ``None``: all of a stream.
-        batch_size: Samples per batch (the global micro-batch for training).
-        samples: Samples kept; ``None``: all of a stream.
-        total: Samples there are (an epoch's whole global batches for training); ``None``: a stream.
-        shards: Samples of each process (evaluation).
-    """
-
-    setting: str
-    value: int | float
-    batches: int | None
+    setting: str  # limit_val_batches, ...
+    value: int | float  # what the user set: an int number of batches, or a fraction
+    batches: int | None  # batches kept
     batch_size: int
-    samples: int | None
-    total: int | None
-    shards: tuple[int, ...] = ()
+    samples: int | None  # samples kept
+    total: int | None  # samples there are (training: an epoch's whole global batches)
+    shards: tuple[int, ...] = ()  # samples of each process (evaluation)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for ``plan.json`` and ``plan``."""
@@ -94,7 +74,7 @@ def kept_batches(setting: str, value: int | float, batches: int) -> int:
     """The batches a limit keeps of ``batches``, as Lightning counts them on one process.
 
     Raises:
-        UserError: a fraction that keeps less than one batch (Lightning refuses it too, later, with a traceback).
+        UserError: a fraction that keeps less than one batch (Lightning refuses it later, with a traceback).
     """
     if isinstance(value, int):
         return min(batches, value)
@@ -128,11 +108,7 @@ def training_limit(value: int | float, global_batches: int, samples_per_micro_st
 
 
 def stream_limit(value: int | float, samples_per_micro_step: int) -> Limit:
-    """``limit_train_batches`` for a training stream: an int number of global batches, or the whole stream.
-
-    Raises:
-        UserError: a fraction other than 1.0 (a stream's length is unknown until it ends).
-    """
+    """``limit_train_batches`` for a training stream: an int number of global batches, or the whole stream (1.0)."""
     setting = SETTINGS["training"]
     if isinstance(value, float) and value != 1.0:
         raise UserError(
@@ -147,10 +123,9 @@ def stream_limit(value: int | float, samples_per_micro_step: int) -> Limit:
 class EndAwareStream(GlobalBatchStream):
     """A :class:`~project.parallel.stream.GlobalBatchStream` that reads one sample ahead of the loader.
 
-    With an int ``limit_train_batches`` Lightning knows the loader's length and fetches no batch ahead, so the
-    stream would learn that it ended only after its last batch, past the point where validation is decided. One
-    sample ahead, its ``exhausted`` is set while its last batch is fetched (as Lightning's own prefetching does
-    for a stream of unknown length), before that batch is trained: a checkpoint still sees it unfinished.
+    With an int ``limit_train_batches`` Lightning fetches no batch ahead, so the stream would learn of its end only
+    past the point where validation is decided. One sample ahead, ``exhausted`` is set while its last batch is
+    fetched, before that batch is trained: a checkpoint still sees it unfinished.
     """
 
     def __iter__(self) -> Iterator[Any]:
@@ -163,15 +138,10 @@ class EndAwareStream(GlobalBatchStream):
 
 
 def refuse_unreachable_validation(trainer: Any, global_batches: int) -> None:
-    """Refuse an int ``val_check_interval`` beyond the training batches of an epoch: validation would never run.
+    """Refuse an int ``val_check_interval`` beyond an epoch's ``global_batches``: validation would never run.
 
-    Lightning refuses it too, but only after the sanity check, with a traceback. With
-    ``check_val_every_n_epoch: null`` the interval counts batches across epochs and is reachable.
-
-    Args:
-        trainer: The Trainer, or anything with its ``val_check_interval``, ``check_val_every_n_epoch``,
-            ``limit_val_batches`` and ``limit_train_batches`` (``plan`` passes the config's).
-        global_batches: The global (micro-)batches of a training epoch (map-style data).
+    Lightning refuses it only after the sanity check, with a traceback. ``trainer``: the Trainer, or anything with its
+    four settings (``plan`` passes the config's).
 
     Raises:
         UserError: validation is unreachable.
@@ -224,14 +194,12 @@ class TrainerLimits:
     def at_stream_end(self, trainer: Any, batch_idx: int, samples_per_micro_step: int) -> None:
         """The training stream ended with batch ``batch_idx``: validate now if validation was due later.
 
-        A stream shorter than ``limit_train_batches`` (or an int ``val_check_interval``) would otherwise never
-        be validated, nor its best checkpoint saved; its length is known only now. Every rank reads the same
-        stream, so every rank decides alike.
+        Else a stream shorter than the limit or interval is never validated (every rank reads it alike: decides alike).
         """
         due, every, batches = trainer.val_check_batch, trainer.check_val_every_n_epoch, batch_idx + 1
         if not isinstance(due, int) or batches >= due or every is None or not trainer.enable_validation:
             return
-        if (trainer.current_epoch + 1) % every != 0:
+        if (trainer.current_epoch + 1) % every:
             return
         if self._val_check_batch is None:
             self._val_check_batch = due
