@@ -1,15 +1,11 @@
 """Your own ``batch_sampler`` (length bucketing, token budgets) with the same global batches at any world size.
 
-A batch sampler decides the batches: each list of indices it yields is one *global* batch. Every rank iterates
-the user's batch sampler alike (inside a fork of torch's and Python's random state seeded by the run's seed and
-the epoch, so one that draws from the global generators draws the same on every rank) and takes its contiguous
-slice of each batch: rank ``r`` of ``W`` takes ``[r*n/W, (r+1)*n/W)`` of a batch of ``n``. DDP's gradient average
-over equal slices is the mean over the whole batch, so 1, 2 or 4 processes train alike. A batch whose size the
-data-parallel size does not divide is refused in one line (unequal slices would weigh samples unequally).
-
-The loader the layer builds hands the sampler's slices to a view of the dataset that fetches a list of indices
-(``batch_size=None``: the batch is already made), then to the user's ``collate_fn``; to Lightning the sampler is a
-``DistributedSampler``, which it keeps instead of re-instantiating the user's batch sampler around its own.
+Each list of indices the user's batch sampler yields is one *global* batch. Every rank iterates it alike (in a fork
+of torch's and Python's random state seeded by the run's seed and the epoch, so draws from the global generators
+agree) and takes its contiguous slice: rank ``r`` of ``W`` takes ``[r*n/W, (r+1)*n/W)`` of a batch of ``n``, so
+DDP's average is the whole batch's mean. A batch the data-parallel size does not divide is refused (unequal slices
+would weigh samples unequally). To Lightning the sampler is a ``DistributedSampler``, which it keeps instead of
+re-instantiating the user's batch sampler around its own.
 """
 
 from __future__ import annotations
@@ -55,15 +51,10 @@ class BatchListView(Dataset):
 
 
 class ShardedBatchSampler(DistributedSampler):
-    """Each global batch of the user's ``batch_sampler``, this rank's slice of it.
+    """Each global batch of the user's ``batch_sampler`` (yields lists of indices), this rank's slice of it.
 
-    Args:
-        batch_sampler: Yields lists of dataset indices (a plain Sampler or a ``BatchSampler``).
-        dataset: The loader's dataset (``DistributedSampler`` wants it; only its length is read).
-        num_replicas: Data-parallel size.
-        rank: Data-parallel rank of this process.
-        seed: The run's seed: the random state the user's sampler iterates in is ``seed + epoch``.
-        name: What messages call the user's batching (default: ``batch_sampler <its class>``).
+    ``seed``: the run's; the user's sampler iterates in the random state ``seed + epoch``. ``name``: what messages
+    call the user's batching.
     """
 
     def __init__(
@@ -71,14 +62,13 @@ class ShardedBatchSampler(DistributedSampler):
     ) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, seed=seed)
         self.batch_sampler = batch_sampler
-        #: The user's class, as messages name it.
         self.name = name or f"batch_sampler {type(batch_sampler).__name__}"
         #: (epoch, global batches already trained on) from a mid-epoch checkpoint; used once.
         self.resume_point: tuple[int, int] | None = None
         self.num_global_batches = len(batch_sampler)
 
     def set_epoch(self, epoch: int) -> None:
-        """Lightning's epoch, passed on to the user's sampler (and its own sampler) where they take it."""
+        """Lightning's epoch, passed on to the user's sampler (and its sampler) where they take it."""
         super().set_epoch(epoch)
         for sampler in (self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
             if callable(getattr(sampler, "set_epoch", None)):
@@ -108,12 +98,11 @@ class ShardedBatchSampler(DistributedSampler):
         """Yield this rank's slice of each global batch not trained on yet.
 
         A generator: the batches are drawn at the first ``next``, once Lightning has set the epoch (and a resume its
-        position), not when the DataLoader makes its iterator.
+        position).
         """
         skip = self.resume_point[1] if self.resume_point and self.resume_point[0] == self.epoch else 0
         self.resume_point = None
-        slices = [self.slice_of(batch) for batch in self.global_batches()[skip:]]  # a bad size before any of them
-        yield from slices
+        yield from [self.slice_of(batch) for batch in self.global_batches()[skip:]]  # a bad size before any of them
 
     def __len__(self) -> int:
         """Global batches of a whole epoch (one per step of this rank)."""
@@ -123,9 +112,8 @@ class ShardedBatchSampler(DistributedSampler):
 def own_batching(loader: Any) -> Any | None:
     """What decides a training loader's batches when it is the user's own, else ``None`` (the layer's sampler fits).
 
-    A ``batch_sampler`` other than torch's plain ``BatchSampler`` (on any DataLoader: Lightning would re-instantiate
-    it around its own sampler), or, on a plain DataLoader with a ``batch_size``, a ``sampler`` the layer's would
-    change the meaning of (its order is kept, cut into global batches); not a ``DistributedSampler`` of the user's.
+    A ``batch_sampler`` other than torch's plain one, or (on a plain DataLoader with a ``batch_size``) a ``sampler``
+    the layer's would change the meaning of; never a ``DistributedSampler`` of the user's.
     """
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return None
@@ -166,9 +154,8 @@ def install_batch_sampler(loader: Any, plan: Plan, global_rank: int, run_seed: i
     """The training loader whose own batches (:func:`own_batching`) are split across the data-parallel ranks.
 
     Raises:
-        UserError: the plan sets the batch size an own batch_sampler decides, the loader cannot be rebuilt (a
-            DataLoader subclass), the first epoch has a batch the data-parallel size does not divide, or no batch:
-            one line naming the user's class, before training.
+        UserError: before training, naming the user's class: a batch size set twice, a DataLoader subclass, or a
+            first epoch with no batch or one the data-parallel size does not divide.
     """
     own = own_batching(loader)
     if type(loader) is not DataLoader:
