@@ -51,11 +51,7 @@ class BatchListView(Dataset):
 
 
 class ShardedBatchSampler(DistributedSampler):
-    """Each global batch of the user's ``batch_sampler`` (yields lists of indices), this rank's slice of it.
-
-    ``seed``: the run's; the user's sampler iterates in the random state ``seed + epoch``. ``name``: what messages
-    call the user's batching.
-    """
+    """This rank's slice of each global batch of the user's ``batch_sampler``, drawn in random state seed + epoch."""
 
     def __init__(
         self, batch_sampler: Any, dataset: Any, num_replicas: int, rank: int, seed: int, name: str = ""
@@ -80,11 +76,7 @@ class ShardedBatchSampler(DistributedSampler):
             return [list(batch) for batch in self.batch_sampler]
 
     def slice_of(self, batch: list[int]) -> list[int]:
-        """This rank's contiguous share of ``batch``.
-
-        Raises:
-            UserError: the data-parallel size does not divide the batch.
-        """
+        """This rank's contiguous share of ``batch`` (refused unless the data-parallel size divides it)."""
         if len(batch) % self.num_replicas:
             raise UserError(
                 f"the training loader's {self.name} yields a batch of {len(batch)} samples, which "
@@ -95,11 +87,7 @@ class ShardedBatchSampler(DistributedSampler):
         return batch[self.rank * share : (self.rank + 1) * share]
 
     def __iter__(self) -> Iterator[list[int]]:
-        """Yield this rank's slice of each global batch not trained on yet.
-
-        A generator: the batches are drawn at the first ``next``, once Lightning has set the epoch (and a resume its
-        position).
-        """
+        """Yield this rank's slice of each global batch not trained on yet, drawn once the epoch is set (generator)."""
         skip = self.resume_point[1] if self.resume_point and self.resume_point[0] == self.epoch else 0
         self.resume_point = None
         yield from [self.slice_of(batch) for batch in self.global_batches()[skip:]]  # a bad size before any of them
@@ -127,11 +115,7 @@ def own_batching(loader: Any) -> Any | None:
 
 
 def _global_batches(loader: Any, own: Any, plan: Plan) -> tuple[Any, str]:
-    """The user's batches (its batch_sampler's, or its sampler's order cut at the plan's size) and their name.
-
-    Raises:
-        UserError: the plan sets a size an own batch_sampler decides, or ``micro_batch: auto`` (one line).
-    """
+    """The user's batches (its batch_sampler's, or its sampler's order cut at the plan's size) and their name."""
     name = type(own).__name__
     if plan.micro_batch == "auto":
         raise UserError(
@@ -153,9 +137,7 @@ def _global_batches(loader: Any, own: Any, plan: Plan) -> tuple[Any, str]:
 def install_batch_sampler(loader: Any, plan: Plan, global_rank: int, run_seed: int) -> tuple[Any, Guarantee]:
     """The training loader whose own batches (:func:`own_batching`) are split across the data-parallel ranks.
 
-    Raises:
-        UserError: before training, naming the user's class: a batch size set twice, a DataLoader subclass, or a
-            first epoch with no batch or one the data-parallel size does not divide.
+    What cannot be split is refused before training, naming the user's class.
     """
     own = own_batching(loader)
     if type(loader) is not DataLoader:

@@ -73,11 +73,7 @@ def build_ddp(args: dict[str, Any], backend: str | None, layout: Layout) -> Any:
 def training_sampler(
     loader: Any, plan: Plan, global_rank: int, run_seed: int, limit: int | float
 ) -> tuple[Any, Guarantee]:
-    """The training loader cut into the plan's global batches, the same at any world size, or unchanged and why.
-
-    Raises:
-        UserError: several loaders on several data-parallel ranks, or a dataset smaller than one global batch.
-    """
+    """The training loader cut into the plan's global batches, the same at any world size, or unchanged and why."""
     per_device, accumulation = plan.loader_batches
     world, rank = plan.dp_size, plan.dp_rank(global_rank)  # not the world: tensor-parallel groups share data
     refuse_several_training_loaders(loader, world)

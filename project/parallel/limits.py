@@ -48,21 +48,18 @@ class Limit:
 
     def describe(self) -> str:
         """One phrase: what the limit keeps, in samples."""
-        head = f"{self.setting}={self.value}"
-        if self.setting == SETTINGS["training"]:
-            if self.total is None:
-                if self.batches is None:
-                    return f"{head}: the whole stream, in global batches of {self.batch_size}"
-                return f"{head}: at most {self.batches} global batches of {self.batch_size} ({self.samples} samples)"
-            if self.samples == self.total:
-                return f"{head}: all {self.batches} global batches of {self.batch_size} ({self.total} samples) an epoch"
-            return (
-                f"{head}: {self.batches} global batches of {self.batch_size} = {self.samples} of the "
-                f"{self.total} samples of an epoch"
-            )
-        which = "all" if self.samples == self.total else f"the first {self.samples} of"
-        shards = f", {' + '.join(map(str, self.shards))} per process" if len(self.shards) > 1 else ""
-        return f"{head}: {which} {self.total} samples ({self.batches} batches of {self.batch_size}{shards})"
+        head, kept, size = f"{self.setting}={self.value}", self.batches, self.batch_size
+        if self.setting != SETTINGS["training"]:
+            which = "all" if self.samples == self.total else f"the first {self.samples} of"
+            shards = f", {' + '.join(map(str, self.shards))} per process" if len(self.shards) > 1 else ""
+            return f"{head}: {which} {self.total} samples ({kept} batches of {size}{shards})"
+        if kept is None:
+            return f"{head}: the whole stream, in global batches of {size}"
+        if self.total is None:
+            return f"{head}: at most {kept} global batches of {size} ({self.samples} samples)"
+        if self.samples == self.total:
+            return f"{head}: all {kept} global batches of {size} ({self.total} samples) an epoch"
+        return f"{head}: {kept} global batches of {size} = {self.samples} of the {self.total} samples of an epoch"
 
 
 def is_whole(value: int | float | None) -> bool:
@@ -71,11 +68,7 @@ def is_whole(value: int | float | None) -> bool:
 
 
 def kept_batches(setting: str, value: int | float, batches: int) -> int:
-    """The batches a limit keeps of ``batches``, as Lightning counts them on one process.
-
-    Raises:
-        UserError: a fraction that keeps less than one batch (Lightning refuses it later, with a traceback).
-    """
+    """The batches a limit keeps of ``batches``, as Lightning counts them on one process (less than one: refused)."""
     if isinstance(value, int):
         return min(batches, value)
     kept = int(batches * value)
@@ -95,8 +88,7 @@ def shard_sizes(samples: int, world_size: int) -> tuple[int, ...]:
 
 def evaluation_limit(setting: str, value: int | float, dataset_size: int, batch_size: int, world_size: int) -> Limit:
     """The dataset's first samples that ``value`` keeps, in whole batches of ``batch_size``, sharded over the ranks."""
-    batches = math.ceil(dataset_size / batch_size)
-    kept = kept_batches(setting, value, batches)
+    kept = kept_batches(setting, value, math.ceil(dataset_size / batch_size))
     samples = min(dataset_size, kept * batch_size)
     return Limit(setting, value, kept, batch_size, samples, dataset_size, shard_sizes(samples, world_size))
 
@@ -142,9 +134,6 @@ def refuse_unreachable_validation(trainer: Any, global_batches: int) -> None:
 
     Lightning refuses it only after the sanity check, with a traceback. ``trainer``: the Trainer, or anything with its
     four settings (``plan`` passes the config's).
-
-    Raises:
-        UserError: validation is unreachable.
     """
     interval = trainer.val_check_interval
     if not isinstance(interval, int) or isinstance(interval, bool):
@@ -171,13 +160,11 @@ class TrainerLimits:
 
     def user_value(self, trainer: Any, stage: str) -> int | float:
         """The limit the user set for ``stage`` (read before the layer lifts the Trainer's)."""
-        setting = SETTINGS[stage]
-        return self._user.setdefault(setting, getattr(trainer, setting))
+        return self._user.setdefault(SETTINGS[stage], getattr(trainer, SETTINGS[stage]))
 
     def lift(self, trainer: Any, stage: str) -> None:
         """Let the Trainer cut nothing of the shards the layer narrowed already (an int cannot cut them)."""
-        value = self.user_value(trainer, stage)
-        if isinstance(value, float) and value > 0:
+        if isinstance(value := self.user_value(trainer, stage), float) and value > 0:
             setattr(trainer, SETTINGS[stage], 1.0)
 
     def restore(self, trainer: Any) -> None:

@@ -107,11 +107,7 @@ def install_training_sampler(
     """The training loader with world-size-invariant global batches, or ``loader`` unchanged and why.
 
     ``limit`` (``limit_train_batches``) is left to the Trainer: one batch per process per global batch, it counts
-    global batches at any world size; the :class:`Guarantee` records its samples.
-
-    Raises:
-        ValueError: the dataset holds fewer samples than one global batch.
-        UserError: ``limit`` is a fraction of a stream, or keeps less than one global batch.
+    global batches at any world size; the :class:`Guarantee` records its samples. ValueError: less than one batch.
     """
     if isinstance(getattr(loader, "dataset", None), IterableDataset):
         return _install_stream(loader, per_device_batch_size, world_size, rank, accumulation, limit)
@@ -181,9 +177,6 @@ def install_eval_sampler(
 
     ``limit``: the ``stage``'s ``limit_*_batches``; the shards hold only the dataset's first samples it keeps.
     ``None``: the Trainer applies it per process (said in the detail).
-
-    Raises:
-        UserError: a fraction that keeps less than one batch.
     """
     setting = SETTINGS[stage]
     refusal = _refusal(loader)
