@@ -27,8 +27,7 @@ def process_group_size() -> int:
 
 def gather_objects(value: Any) -> list[Any]:
     """``value`` of every rank, in rank order (just ``[value]`` on one process)."""
-    size = process_group_size()
-    if size == 1:
+    if (size := process_group_size()) == 1:
         return [value]
     gathered: list[Any] = [None] * size
     dist.all_gather_object(gathered, value)
@@ -36,10 +35,7 @@ def gather_objects(value: Any) -> list[Any]:
 
 
 def store_client(timeout_s: float) -> dist.TCPStore:
-    """A new client of the rendezvous store (``MASTER_ADDR:MASTER_PORT``), ``timeout_s`` a request: no collective.
-
-    One per thread: a store client holds its lock while it waits.
-    """
+    """A new client of the rendezvous store (no collective); one per thread: a client holds its lock while it waits."""
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
 

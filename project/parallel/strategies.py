@@ -53,16 +53,12 @@ def trainer_kwargs(plan: Plan) -> dict[str, Any]:
 def row_of(strategy: Any) -> StrategyRow:
     """What the running strategy does: its row when the template built it, else the row of its Lightning class.
 
-    E.g. a user's ``ModelParallelStrategy`` shards like the ``fsdp`` row (its ``configure_model`` applies
-    ``fully_shard``).
+    E.g. a user's ``ModelParallelStrategy`` shards like the ``fsdp`` row (its ``configure_model`` applies fully_shard).
     """
     name = getattr(strategy, ROW_ATTRIBUTE, None)
     if name in STRATEGIES:
         return STRATEGIES[name]
-    for cls in type(strategy).__mro__:
-        if cls.__name__ in LIGHTNING_ROWS:
-            return LIGHTNING_ROWS[cls.__name__]
-    return UNSHARDED
+    return next((LIGHTNING_ROWS[c.__name__] for c in type(strategy).__mro__ if c.__name__ in LIGHTNING_ROWS), UNSHARDED)
 
 
 def built_from_plan(strategy: Any) -> bool:
@@ -75,14 +71,10 @@ def layout_of(trainer: Any) -> Layout:
 
     A user's strategy is data parallel over every process, but for a ``ModelParallelStrategy``'s tensor-parallel mesh.
     """
-    strategy = trainer.strategy
-    layout = getattr(strategy, LAYOUT_ATTRIBUTE, None)
-    if isinstance(layout, Layout):
+    if isinstance(layout := getattr(trainer.strategy, LAYOUT_ATTRIBUTE, None), Layout):
         return layout
-    mesh = getattr(strategy, "device_mesh", None)
+    mesh = getattr(trainer.strategy, "device_mesh", None)
     names = (mesh.mesh_dim_names or ()) if mesh is not None else ()
     tp = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
     world, nodes = max(trainer.world_size, 1), max(trainer.num_nodes, 1)
-    return Layout(
-        "trainer.strategy", str(trainer.accelerator.__class__.__name__), world // nodes, nodes, world // tp, tp=tp
-    )
+    return Layout("trainer.strategy", trainer.accelerator.__class__.__name__, world // nodes, nodes, world // tp, tp=tp)
