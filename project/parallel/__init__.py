@@ -1,5 +1,1 @@
-"""In-rank: what runs inside the processes, driven by the plan's strategy row and its Layout.
-
-Strategies, the samplers that deal global batches over the data-parallel ranks, collectives, stops and failures.
-Nothing here decides a layout: the pure ``project.plan`` did, before any process existed.
-"""
+"""In-rank: strategies, samplers, collectives, stops and failures; the layout is the pure ``project.plan``'s."""

@@ -1,11 +1,9 @@
 """Your own ``batch_sampler`` (length bucketing, token budgets) with the same global batches at any world size.
 
-Each list of indices the user's batch sampler yields is one *global* batch. Every rank iterates it alike (in a fork
-of torch's and Python's random state seeded by the run's seed and the epoch, so draws from the global generators
-agree) and takes its contiguous slice: rank ``r`` of ``W`` takes ``[r*n/W, (r+1)*n/W)`` of a batch of ``n``, so
-DDP's average is the whole batch's mean. A batch the data-parallel size does not divide is refused (unequal slices
-would weigh samples unequally). To Lightning the sampler is a ``DistributedSampler``, which it keeps instead of
-re-instantiating the user's batch sampler around its own.
+Each batch the user's batch sampler yields is one *global* batch: every rank draws them alike (in a fork of torch's
+and Python's random state seeded by the run's seed + epoch) and takes its contiguous slice, so DDP's average is the
+batch's mean (a batch the data-parallel size does not divide is refused: unequal slices would weigh samples
+unequally). As a ``DistributedSampler``, Lightning keeps it instead of re-instantiating the user's around its own.
 """
 
 from __future__ import annotations
@@ -98,11 +96,7 @@ class ShardedBatchSampler(DistributedSampler):
 
 
 def own_batching(loader: Any) -> Any | None:
-    """What decides a training loader's batches when it is the user's own, else ``None`` (the layer's sampler fits).
-
-    A ``batch_sampler`` other than torch's plain one, or (on a plain DataLoader with a ``batch_size``) a ``sampler``
-    the layer's would change the meaning of; never a ``DistributedSampler`` of the user's.
-    """
+    """The user's own batch_sampler or sampler (one the layer's would change) deciding the batches, or ``None``."""
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return None
     batch_sampler = loader.batch_sampler
@@ -135,10 +129,7 @@ def _global_batches(loader: Any, own: Any, plan: Plan) -> tuple[Any, str]:
 
 
 def install_batch_sampler(loader: Any, plan: Plan, global_rank: int, run_seed: int) -> tuple[Any, Guarantee]:
-    """The training loader whose own batches (:func:`own_batching`) are split across the data-parallel ranks.
-
-    What cannot be split is refused before training, naming the user's class.
-    """
+    """The training loader whose own batches (:func:`own_batching`) are split across the data-parallel ranks."""
     own = own_batching(loader)
     if type(loader) is not DataLoader:
         raise UserError(
@@ -152,9 +143,8 @@ def install_batch_sampler(loader: Any, plan: Plan, global_rank: int, run_seed: i
         sampler.slice_of(batch)
     if sampler.num_global_batches == 0:
         raise UserError(f"the training loader's {what} yields no batch; give it more samples or smaller batches")
-    rebuilt = rebuild_loader(loader, sampler, None, BatchListView(loader.dataset))
     detail = (
         f"the global batches of the loader's own {what}, {sampler.num_global_batches} an epoch drawn with seed "
         f"{run_seed} + epoch, each split into {plan.dp_size} equal slice(s): the same at any world size"
     )
-    return rebuilt, Guarantee(True, detail)
+    return rebuild_loader(loader, sampler, None, BatchListView(loader.dataset)), Guarantee(True, detail)

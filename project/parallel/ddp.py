@@ -1,8 +1,7 @@
 """The seed's DistributedDataParallel recipe, one section per step, in the seed's order.
 
-Each section starts with the seed's lines it replaces (docs/parallel.md, "The seed's recipe, line by line"); its
-launch and ``--local_rank`` are :mod:`project.launch.legacy`'s. Importing this module imports no Lightning:
-:func:`unwrap` serves the plain-Python export too.
+Each section starts with the seed's lines it replaces (docs/parallel.md); the launch is :mod:`project.launch.legacy`'s.
+Importing this module imports no Lightning: :func:`unwrap` serves the plain-Python export too.
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ if TYPE_CHECKING:
 def ddp_buffer_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
     """The seed's ``broadcast_buffers`` under the installed torch's name (2.13: ``forward_sync_buffers``)."""
     params = inspect.signature(DistributedDataParallel.__init__).parameters
-    name = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
-    return {name: broadcast_buffers}
+    return {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": broadcast_buffers}
 
 
 def ddp_kwargs(args: dict[str, Any], backend: str | None) -> dict[str, Any]:
@@ -103,15 +101,12 @@ class BarrierTimeoutError(RunFailure):
 
 
 def synchronize(name: str, timeout_s: float) -> float:
-    """Wait for every rank at barrier ``name`` (BarrierCallback's); return this rank's wait in seconds (0.0: one rank).
-
-    On gloo a monitored barrier names the ranks that did not arrive; elsewhere an asynchronous barrier has the deadline.
-    """
+    """Wait for every rank at barrier ``name`` (BarrierCallback's); return this rank's wait in seconds (0: one rank)."""
     if process_group_size() == 1:
         return 0.0
     start, timeout = time.perf_counter(), timedelta(seconds=timeout_s)
     try:
-        if dist.get_backend() == "gloo":
+        if dist.get_backend() == "gloo":  # a monitored barrier names the ranks that did not arrive
             # The Flight Recorder does not see this wait: a layer may (the hang report records it).
             with observed("observe_wait", "monitored_barrier", name, timeout_s):
                 dist.monitored_barrier(timeout=timeout, wait_all_ranks=True)
@@ -152,11 +147,9 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def evaluate_unwrapped(trainer: Any, pl_module: nn.Module) -> nn.Module | None:
-    """Evaluate the bare module with rank 0's buffers (BatchNorm statistics): the DDP wrapper taken off, or ``None``.
-
-    A sharded (FSDP) module is not swapped (its forward gathers its parameters) but still gets rank 0's buffers.
-    """
+    """Evaluate the bare module with rank 0's buffers (BatchNorm statistics): the DDP wrapper taken off, or ``None``."""
     model = trainer.strategy.model
+    # A sharded (FSDP) module keeps its wrapper (its forward gathers its parameters) but gets rank 0's buffers too.
     swap = model is not None and unwrap(model) is not model
     if (swap or row_of(trainer.strategy).shards_parameters) and trainer.world_size > 1:
         for buffer in pl_module.buffers():

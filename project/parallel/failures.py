@@ -1,9 +1,8 @@
 """Say which rank failed when a multi-process run breaks, instead of a gloo/nccl traceback.
 
 A dead rank shows in the others' next collective as a socket error ("Connection reset by peer"), a stuck one as a
-timeout after ``parallel.timeout_s``. Rank 0 under Lightning's launcher started the others, so it names which one
-died and how; another rank names its peer when there is only one, else leaves it to the launcher's report.
-DDP's "Expected to have finished reduction" (a parameter without gradient) becomes one line naming the setting.
+timeout. Rank 0 under Lightning's launcher started the others, so it names which one died and how; another rank
+names its peer when there is only one. DDP's "Expected to have finished reduction" becomes one line too.
 """
 
 from __future__ import annotations
@@ -42,7 +41,8 @@ _UNUSED_PARAMETERS = (
 )
 # Rank 0 hosts the rendezvous store on MASTER_PORT; a port already taken fails its listen.
 _PORT_IN_USE = ("failed to listen on any local network address", "address already in use")
-#: Seconds a rank other than 0 waits to be stopped by its launcher before repeating the mistake rank 0 reports.
+#: Seconds a rank other than 0 waits to be stopped by its launcher before repeating the mistake rank 0 reports (a
+#: launcher that does not stop them, or a mistake only this rank made).
 DEFER_TO_RANK_ZERO_S = 10.0
 
 
@@ -61,10 +61,7 @@ def uses_parallel_section(trainer: L.Trainer) -> bool:
 
 
 def unused_parameters_error(model: str, names: list[str], when: str, parallel: bool = True) -> UnusedParametersError:
-    """The one line for parameters of ``model`` (their ``names``, if known) that got no gradient in ``when``.
-
-    ``parallel``: the strategy comes from the ``parallel`` section (its setting is named), else ``trainer.strategy``.
-    """
+    """The line for parameters of ``model`` (``names``, if known) that got no gradient in ``when``."""
     listed = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     subject = f"{len(names)} parameter(s) of {model} ({listed})" if names else f"a parameter of {model}"
     key = "parallel.ddp.find_unused_parameters: " if parallel else "trainer.strategy: ddp_find_unused_parameters_"
@@ -75,11 +72,7 @@ def unused_parameters_error(model: str, names: list[str], when: str, parallel: b
 
 
 def defer_to_rank_zero(trainer: L.Trainer) -> None:
-    """On a rank other than 0 of several, wait before reporting the mistake rank 0 reports too (one line a run).
-
-    Rank 0's launcher stops the others meanwhile; a rank still running after :data:`DEFER_TO_RANK_ZERO_S` (a
-    launcher that does not stop them, or a mistake only this rank made) reports it itself.
-    """
+    """On a rank other than 0 of several, wait for rank 0's launcher to stop it, so that rank 0 alone reports."""
     if trainer.world_size > 1 and trainer.global_rank != 0:
         time.sleep(DEFER_TO_RANK_ZERO_S)
 
@@ -126,9 +119,8 @@ def explain_rank_failure(
 ) -> RunFailure | UserError | None:
     """A one-line :class:`RankFailure` for ``error`` if it is a lost or stuck rank, else ``None``.
 
-    Children that all ended with exit code 75 stopped on a signal: :class:`~project.errors.Preempted`. Call it in the
-    rank that caught ``error`` before its launcher's children are stopped (the first to die is told apart);
-    ``timeout_name`` holds ``timeout_s``; ``then`` is what to do once the cause is fixed.
+    Call it before the launcher's children are stopped (the first to die is told apart); ``timeout_name`` holds
+    ``timeout_s``; ``then`` is what to do once the cause is fixed.
     """
     world_size = getattr(trainer, "world_size", 1) if trainer is not None else 1
     error = _lost_rank_under(error)  # a checkpoint write that failed because a rank died names the rank, not the disk
@@ -157,7 +149,7 @@ def explain_rank_failure(
 def _children_failure(trainer: L.Trainer, failed: list[tuple[int, Any]], lost: bool, resume: str) -> RunFailure:
     """The line for ranks this one started that ended first: stopped by a signal, killed, or ended at a stall."""
     rank, first = trainer.global_rank, trainer.node_rank * trainer.num_devices
-    if all(p.returncode == Preempted.exit_code for _, p in failed):  # stopped by a signal, not killed
+    if all(p.returncode == Preempted.exit_code for _, p in failed):  # stopped on a signal, not killed (not the OOM)
         return Preempted(peer_stopped(", ".join(f"rank {first + local} (pid {p.pid})" for local, p in failed)))
     names = ", ".join(f"rank {first + local} (pid {p.pid}) {how_it_ended(p.returncode)}" for local, p in failed)
     # That rank ended at its timeout, after a stall a layer recorded (the hang report names who was where).
@@ -198,10 +190,7 @@ def _peer_failure(
 
 
 def _lost_rank_under(error: BaseException) -> BaseException:
-    """The lost peer under a failed background checkpoint write (a :class:`RunFailure` raised from it), else ``error``.
-
-    A rank that dies during a sharded checkpoint write fails the others' write: not the disk's fault.
-    """
+    """The lost peer under a failed background checkpoint write (a rank died, not the disk), else ``error``."""
     if not isinstance(error, RunFailure) or isinstance(error, (RankFailure, Preempted)):
         return error
     cause = error.__cause__
@@ -213,14 +202,11 @@ def _lost_rank_under(error: BaseException) -> BaseException:
 
 
 def error_from_worker(error: BaseException) -> BaseException | None:
-    """The template's own error raised in a forked or spawned worker (``scenario: fork``), as that error again.
-
-    ``torch.multiprocessing`` hands over a ``ProcessRaisedException`` whose text ends ``module.Class: message``.
-    """
+    """The template's own error raised in a forked or spawned worker (``scenario: fork``), as that error again."""
     if not isinstance(error, mp.ProcessRaisedException):
         return None
-    found = re.match(r"^([\w.]+)\.(\w+): (.*)$", str(error).strip().splitlines()[-1])
-    if found is None:
+    # A ProcessRaisedException holds the worker's traceback as text, ending "module.Class: message".
+    if (found := re.match(r"^([\w.]+)\.(\w+): (.*)$", str(error).strip().splitlines()[-1])) is None:
         return None
     module, name, message = found.groups()
     # Looked up among the modules already imported, never imported: a multi-line message could name any module.

@@ -1,11 +1,9 @@
 """What the Trainer's ``limit_*_batches`` mean under the parallel layer: the same samples at any world size.
 
-Lightning counts a limit in each process's own batches, so 2 processes of evaluation shards would see other samples
-than 1. Here a limit is read as on one process and turned into samples. Evaluation: an int ``N`` keeps the dataset's
-first ``N x batch_size`` samples, a fraction ``f`` its first ``int(f x batches)`` batches; EvalShardSampler shards
-those, and the Trainer's per-process limit cuts nothing more (an int cannot; a fraction is lifted to 1.0 while the
-loaders are in use: :class:`TrainerLimits`). Training: the layer's batches are global already (one per process per
-global batch), so Lightning's count is the global one at any world size.
+Lightning counts a limit in each process's own batches. Here evaluation's is read as on one process, in samples
+(an int ``N``: the first ``N x batch_size``; a fraction: its first whole batches) that EvalShardSampler shards, and
+the Trainer's own cuts nothing more (a fraction is lifted to 1.0: :class:`TrainerLimits`). Training's batches are
+global already (one per process per global batch), so Lightning's count is the global one at any world size.
 """
 
 from __future__ import annotations
@@ -115,9 +113,8 @@ def stream_limit(value: int | float, samples_per_micro_step: int) -> Limit:
 class EndAwareStream(GlobalBatchStream):
     """A :class:`~project.parallel.stream.GlobalBatchStream` that reads one sample ahead of the loader.
 
-    With an int ``limit_train_batches`` Lightning fetches no batch ahead, so the stream would learn of its end only
-    past the point where validation is decided. One sample ahead, ``exhausted`` is set while its last batch is
-    fetched, before that batch is trained: a checkpoint still sees it unfinished.
+    With an int ``limit_train_batches`` Lightning fetches no batch ahead: ``exhausted`` is set while the last batch is
+    fetched, before validation is decided (a checkpoint still sees the stream unfinished).
     """
 
     def __iter__(self) -> Iterator[Any]:
@@ -130,11 +127,7 @@ class EndAwareStream(GlobalBatchStream):
 
 
 def refuse_unreachable_validation(trainer: Any, global_batches: int) -> None:
-    """Refuse an int ``val_check_interval`` beyond an epoch's ``global_batches``: validation would never run.
-
-    Lightning refuses it only after the sanity check, with a traceback. ``trainer``: the Trainer, or anything with its
-    four settings (``plan`` passes the config's).
-    """
+    """Refuse an int ``val_check_interval`` beyond an epoch's ``global_batches`` (Lightning: after the sanity check)."""
     interval = trainer.val_check_interval
     if not isinstance(interval, int) or isinstance(interval, bool):
         return
@@ -179,14 +172,10 @@ class TrainerLimits:
             trainer.val_check_batch, self._val_check_batch = self._val_check_batch, None
 
     def at_stream_end(self, trainer: Any, batch_idx: int, samples_per_micro_step: int) -> None:
-        """The training stream ended with batch ``batch_idx``: validate now if validation was due later.
-
-        Else a stream shorter than the limit or interval is never validated (every rank reads it alike: decides alike).
-        """
+        """The training stream ended with batch ``batch_idx``: validate now if it was due later (else it never is)."""
         due, every, batches = trainer.val_check_batch, trainer.check_val_every_n_epoch, batch_idx + 1
-        if not isinstance(due, int) or batches >= due or every is None or not trainer.enable_validation:
-            return
-        if (trainer.current_epoch + 1) % every:
+        early = isinstance(due, int) and batches < due and every is not None and trainer.enable_validation
+        if not early or (trainer.current_epoch + 1) % every:
             return
         if self._val_check_batch is None:
             self._val_check_batch = due

@@ -1,10 +1,9 @@
-"""The parallel layer's guarantees, installed on the loaders of any datamodule.
+"""The parallel layer's guarantees, installed on the loaders of any datamodule (all else of a loader kept).
 
-Training: the sampler becomes :class:`~project.parallel.samplers.GlobalBatchSampler` (global batches that do not
-depend on the world size), a stream's dataset :class:`~project.parallel.stream.GlobalBatchStream`. Evaluation and
-prediction: :class:`~project.parallel.samplers.EvalShardSampler` (each sample once, shards in dataset order). All
-else of the user's loader stays. Where that would change what the loader means (an evaluation stream, a custom
-sampler or batch_sampler, a DataLoader subclass), it is left alone and the :class:`Guarantee` says why.
+Training: :class:`~project.parallel.samplers.GlobalBatchSampler` or, for a stream,
+:class:`~project.parallel.stream.GlobalBatchStream`; evaluation: :class:`~project.parallel.samplers.EvalShardSampler`.
+A loader they would change the meaning of (an evaluation stream, a custom sampler or batch_sampler, a DataLoader
+subclass) is left alone, and its :class:`Guarantee` says why.
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ class Guarantee:
 
     held: bool
     detail: str
-    #: The samples the stage's ``limit_*_batches`` keeps, where the layer's sampler applies it.
-    limit: Limit | None = None
+    limit: Limit | None = None  # what the stage's limit_*_batches keeps, where the layer's sampler applies it
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for ``plan.json``."""
@@ -104,15 +102,10 @@ def install_training_sampler(
     accumulation: int = 1,
     limit: int | float = 1.0,
 ) -> tuple[Any, Guarantee]:
-    """The training loader with world-size-invariant global batches, or ``loader`` unchanged and why.
-
-    ``limit`` (``limit_train_batches``) is left to the Trainer: one batch per process per global batch, it counts
-    global batches at any world size; the :class:`Guarantee` records its samples. ValueError: less than one batch.
-    """
+    """The loader with world-size-invariant global batches (the Guarantee records ``limit``), or unchanged and why."""
     if isinstance(getattr(loader, "dataset", None), IterableDataset):
         return _install_stream(loader, per_device_batch_size, world_size, rank, accumulation, limit)
-    refusal = _refusal(loader)
-    if refusal is not None:
+    if (refusal := _refusal(loader)) is not None:
         return loader, Guarantee(False, f"training batches depend on the world size: {refusal}")
     old = loader.sampler
     shuffle = old.shuffle if isinstance(old, GlobalBatchSampler) else not isinstance(old, SequentialSampler)
@@ -175,12 +168,10 @@ def install_eval_sampler(
 ) -> tuple[Any, Guarantee]:
     """An evaluation loader whose ranks take contiguous, unpadded shards, or ``loader`` unchanged and why.
 
-    ``limit``: the ``stage``'s ``limit_*_batches``; the shards hold only the dataset's first samples it keeps.
-    ``None``: the Trainer applies it per process (said in the detail).
+    ``limit``: the ``stage``'s ``limit_*_batches``, kept in the shards (``None``: the Trainer's, per process).
     """
     setting = SETTINGS[stage]
-    refusal = _refusal(loader)
-    if refusal is not None:
+    if (refusal := _refusal(loader)) is not None:
         detail = f"{stage} may count samples twice or out of order: {refusal}"
         if not is_whole(limit):
             detail += f"; {setting} counts each process's own batches"
@@ -200,10 +191,7 @@ def install_eval_sampler(
 
 
 def refuse_several_training_loaders(loader: Any, dp_size: int) -> None:
-    """Refuse a training loader of several loaders (CombinedLoader, dict, list) on several data-parallel ranks.
-
-    Each would hand every rank whole batches: the global batch would grow with the world size.
-    """
+    """Refuse several training loaders (CombinedLoader...) on several dp ranks: each would grow with the world size."""
     from lightning.pytorch.utilities import CombinedLoader
 
     if dp_size > 1 and isinstance(loader, (CombinedLoader, dict, list, tuple)):

@@ -1,10 +1,8 @@
 """World-size-invariant batching; both samplers subclass ``DistributedSampler`` so that Lightning keeps them.
 
-Training: one seeded permutation per epoch is cut into *global* batches of ``B = b x world_size``; rank ``r`` takes
-the slice ``[r*b, (r+1)*b)`` of each. The global batches are the same at world size 1, 2 or 4, and DDP's gradient
-average equals the single-process mean over ``B``; the incomplete last one is dropped at every world size alike.
-Evaluation: each rank takes one contiguous, unpadded shard, so every sample counts exactly once (DistributedSampler
-would repeat samples to even out the shards).
+Training: one seeded permutation per epoch is cut into *global* batches of ``B = b x world_size``, rank ``r`` taking
+``[r*b, (r+1)*b)`` of each: the same batches at any world size, DDP's average the mean over ``B``. Evaluation: one
+contiguous, unpadded shard per rank, each sample once (DistributedSampler would repeat samples to even the shards).
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ def _check_rank(num_replicas: int, rank: int) -> None:
 class GlobalBatchSampler(DistributedSampler):
     """Training sampler whose global batches do not depend on the world size.
 
-    ``batch_size`` is the per-device ``b``; ``shuffle`` reshuffles every epoch with ``seed + epoch``; an epoch ends
-    after whole optimizer steps of ``accumulation`` micro-batches. ``with_epoch``: yield ``EpochIndex(epoch, index)``,
-    for a dataset whose samples draw their randomness from them (:class:`project.data.augment.SeededAugmentation`).
+    ``batch_size``: the per-device ``b``; ``shuffle``: seeded ``seed + epoch``; an epoch is whole optimizer steps.
+    ``with_epoch``: yield ``EpochIndex(epoch, index)`` for a :class:`project.data.augment.SeededAugmentation`.
     """
 
     def __init__(
@@ -63,8 +60,7 @@ class GlobalBatchSampler(DistributedSampler):
     def _order(self) -> torch.Tensor:
         if not self.shuffle:
             return torch.arange(len(self.dataset))
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
         return torch.randperm(len(self.dataset), generator=generator)
 
     def __iter__(self) -> Iterator[int | EpochIndex]:
@@ -88,10 +84,7 @@ class GlobalBatchSampler(DistributedSampler):
 
 
 class EvalShardSampler(DistributedSampler):
-    """Evaluation sampler: contiguous, unpadded shards, so each sample is seen exactly once.
-
-    ``num_samples``: shard only the dataset's first samples (a ``limit_*_batches``, :mod:`project.parallel.limits`).
-    """
+    """Evaluation sampler: contiguous, unpadded shards of the first ``num_samples`` (all), each sample once."""
 
     def __init__(self, dataset: Sized, num_replicas: int = 1, rank: int = 0, num_samples: int | None = None) -> None:
         _check_rank(num_replicas, rank)

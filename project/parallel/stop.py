@@ -1,9 +1,8 @@
 """The ranks' agreement on a stop step, out of band: over the rendezvous store, never a collective per step.
 
-A signal may reach some ranks, at different steps. The rank that notes one proposes, by compare-and-set on the
-rendezvous store (the first proposal wins), to stop :data:`STEPS_AHEAD` steps after the one it completed. Every rank
-has a thread blocked on that key; the training loop reads the agreed step after each step. The gradient all-reduce
-keeps the ranks within a step of each other, so each learns of the stop before it reaches it.
+The rank a signal reaches proposes by compare-and-set (the first proposal wins) to stop :data:`STEPS_AHEAD` steps on;
+every rank's thread blocked on that key records it, and the loop reads it after each step. The gradient all-reduce
+keeps the ranks within a step, so each learns of the stop before it reaches it.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ WAIT_S = 3600.0
 
 
 class StopChannel:
-    """The ranks' agreement on a stop step, over the rendezvous store (no collective after :meth:`open`)."""
+    """The ranks' agreement on a stop step over the store; ``on_agreed(why)`` runs in the watcher's thread."""
 
     def __init__(self, key: str, on_agreed: Callable[[str], None] | None = None) -> None:
         # Two clients: a client holds its lock while it waits, so the proposer needs its own. A proposal or the
@@ -46,10 +45,7 @@ class StopChannel:
 
     @classmethod
     def open(cls, trainer: L.Trainer, on_agreed: Callable[[str], None] | None = None) -> StopChannel:
-        """A channel for this run attempt: its key is new, so a restarted job never reads an old stop (collective).
-
-        ``on_agreed`` is called in the watcher's thread with the proposal's reason once a stop is agreed.
-        """
+        """A channel with a new key, so a restarted job never reads an old stop (a collective)."""
         token = trainer.strategy.broadcast(uuid.uuid4().hex if trainer.is_global_zero else None, src=0)
         return cls(f"project/stop/{token}", on_agreed)
 

@@ -51,10 +51,7 @@ def trainer_kwargs(plan: Plan) -> dict[str, Any]:
 
 
 def row_of(strategy: Any) -> StrategyRow:
-    """What the running strategy does: its row when the template built it, else the row of its Lightning class.
-
-    E.g. a user's ``ModelParallelStrategy`` shards like the ``fsdp`` row (its ``configure_model`` applies fully_shard).
-    """
+    """What the running strategy does: its row when the template built it, else the row of its Lightning class."""
     name = getattr(strategy, ROW_ATTRIBUTE, None)
     if name in STRATEGIES:
         return STRATEGIES[name]
@@ -67,10 +64,7 @@ def built_from_plan(strategy: Any) -> bool:
 
 
 def layout_of(trainer: Any) -> Layout:
-    """The running layout: the plan's when the template built the strategy, else read from Lightning's strategy.
-
-    A user's strategy is data parallel over every process, but for a ``ModelParallelStrategy``'s tensor-parallel mesh.
-    """
+    """The running layout: the plan's, else a user's strategy's (data parallel but for a tensor-parallel mesh)."""
     if isinstance(layout := getattr(trainer.strategy, LAYOUT_ATTRIBUTE, None), Layout):
         return layout
     mesh = getattr(trainer.strategy, "device_mesh", None)

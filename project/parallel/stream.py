@@ -1,10 +1,8 @@
 """World-size-invariant batching for a stream (an ``IterableDataset``): the same global batches at any world size.
 
-A stream has no indices to sample, so every rank reads all of it in the same order and keeps its share: rank ``r``
-takes ``[r*b, (r+1)*b)`` of each micro-step of ``b x world_size`` samples, as GlobalBatchSampler does, and a tail
-shorter than one optimizer step is dropped at every world size alike. A mid-epoch resume skips the micro-batches
-already trained on: exactly for a stream with ``state_dict``/``load_state_dict`` (put back in its state at the
-epoch's start first), else by reading it again from its start (exact when it yields the same samples each time).
+A stream has no indices, so every rank reads all of it and keeps ``[r*b, (r+1)*b)`` of each micro-step of
+``b x world_size`` samples, as GlobalBatchSampler does. A mid-epoch resume skips the micro-batches trained on: exactly
+with ``state_dict``/``load_state_dict``, else re-read from its start (exact if it yields the same samples again).
 """
 
 from __future__ import annotations

@@ -44,6 +44,5 @@ def apply_cpu_threads(processes: int, asked: int | None, rank: int) -> None:
     cores = available_cores()
     if asked is not None or "OMP_NUM_THREADS" not in os.environ:  # a user's OMP_NUM_THREADS stands
         torch.set_num_threads(threads_per_process(processes, cores, asked))
-    warning = oversubscription(processes, cores)
-    if warning is not None and rank == 0:
+    if rank == 0 and (warning := oversubscription(processes, cores)) is not None:
         sys.stderr.write(warning + "\n")
