@@ -1,15 +1,9 @@
 """Your own ``batch_sampler`` (length bucketing, token budgets) with the same global batches at any world size.
 
-A batch sampler decides the batches: each list of indices it yields is one *global* batch. Every rank iterates
-the user's batch sampler alike (inside a fork of torch's and Python's random state seeded by the run's seed and
-the epoch, so one that draws from the global generators draws the same on every rank) and takes its contiguous
-slice of each batch: rank ``r`` of ``W`` takes ``[r*n/W, (r+1)*n/W)`` of a batch of ``n``. DDP's gradient average
-over equal slices is the mean over the whole batch, so 1, 2 or 4 processes train alike. A batch whose size the
-data-parallel size does not divide is refused in one line (unequal slices would weigh samples unequally).
-
-The loader the layer builds hands the sampler's slices to a view of the dataset that fetches a list of indices
-(``batch_size=None``: the batch is already made), then to the user's ``collate_fn``; to Lightning the sampler is a
-``DistributedSampler``, which it keeps instead of re-instantiating the user's batch sampler around its own.
+Each batch the user's batch sampler yields is one *global* batch: every rank draws them alike (in a fork of torch's
+and Python's random state seeded by the run's seed + epoch) and takes its contiguous slice, so DDP's average is the
+batch's mean (a batch the data-parallel size does not divide is refused: unequal slices would weigh samples
+unequally). As a ``DistributedSampler``, Lightning keeps it instead of re-instantiating the user's around its own.
 """
 
 from __future__ import annotations
@@ -55,30 +49,20 @@ class BatchListView(Dataset):
 
 
 class ShardedBatchSampler(DistributedSampler):
-    """Each global batch of the user's ``batch_sampler``, this rank's slice of it.
-
-    Args:
-        batch_sampler: Yields lists of dataset indices (a plain Sampler or a ``BatchSampler``).
-        dataset: The loader's dataset (``DistributedSampler`` wants it; only its length is read).
-        num_replicas: Data-parallel size.
-        rank: Data-parallel rank of this process.
-        seed: The run's seed: the random state the user's sampler iterates in is ``seed + epoch``.
-        name: What messages call the user's batching (default: ``batch_sampler <its class>``).
-    """
+    """This rank's slice of each global batch of the user's ``batch_sampler``, drawn in random state seed + epoch."""
 
     def __init__(
         self, batch_sampler: Any, dataset: Any, num_replicas: int, rank: int, seed: int, name: str = ""
     ) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, seed=seed)
         self.batch_sampler = batch_sampler
-        #: The user's class, as messages name it.
         self.name = name or f"batch_sampler {type(batch_sampler).__name__}"
         #: (epoch, global batches already trained on) from a mid-epoch checkpoint; used once.
         self.resume_point: tuple[int, int] | None = None
         self.num_global_batches = len(batch_sampler)
 
     def set_epoch(self, epoch: int) -> None:
-        """Lightning's epoch, passed on to the user's sampler (and its own sampler) where they take it."""
+        """Lightning's epoch, passed on to the user's sampler (and its sampler) where they take it."""
         super().set_epoch(epoch)
         for sampler in (self.batch_sampler, getattr(self.batch_sampler, "sampler", None)):
             if callable(getattr(sampler, "set_epoch", None)):
@@ -90,11 +74,7 @@ class ShardedBatchSampler(DistributedSampler):
             return [list(batch) for batch in self.batch_sampler]
 
     def slice_of(self, batch: list[int]) -> list[int]:
-        """This rank's contiguous share of ``batch``.
-
-        Raises:
-            UserError: the data-parallel size does not divide the batch.
-        """
+        """This rank's contiguous share of ``batch`` (refused unless the data-parallel size divides it)."""
         if len(batch) % self.num_replicas:
             raise UserError(
                 f"the training loader's {self.name} yields a batch of {len(batch)} samples, which "
@@ -105,15 +85,10 @@ class ShardedBatchSampler(DistributedSampler):
         return batch[self.rank * share : (self.rank + 1) * share]
 
     def __iter__(self) -> Iterator[list[int]]:
-        """Yield this rank's slice of each global batch not trained on yet.
-
-        A generator: the batches are drawn at the first ``next``, once Lightning has set the epoch (and a resume its
-        position), not when the DataLoader makes its iterator.
-        """
+        """Yield this rank's slice of each global batch not trained on yet, drawn once the epoch is set (generator)."""
         skip = self.resume_point[1] if self.resume_point and self.resume_point[0] == self.epoch else 0
         self.resume_point = None
-        slices = [self.slice_of(batch) for batch in self.global_batches()[skip:]]  # a bad size before any of them
-        yield from slices
+        yield from [self.slice_of(batch) for batch in self.global_batches()[skip:]]  # a bad size before any of them
 
     def __len__(self) -> int:
         """Global batches of a whole epoch (one per step of this rank)."""
@@ -121,12 +96,7 @@ class ShardedBatchSampler(DistributedSampler):
 
 
 def own_batching(loader: Any) -> Any | None:
-    """What decides a training loader's batches when it is the user's own, else ``None`` (the layer's sampler fits).
-
-    A ``batch_sampler`` other than torch's plain ``BatchSampler`` (on any DataLoader: Lightning would re-instantiate
-    it around its own sampler), or, on a plain DataLoader with a ``batch_size``, a ``sampler`` the layer's would
-    change the meaning of (its order is kept, cut into global batches); not a ``DistributedSampler`` of the user's.
-    """
+    """The user's own batch_sampler or sampler (one the layer's would change) deciding the batches, or ``None``."""
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return None
     batch_sampler = loader.batch_sampler
@@ -139,11 +109,7 @@ def own_batching(loader: Any) -> Any | None:
 
 
 def _global_batches(loader: Any, own: Any, plan: Plan) -> tuple[Any, str]:
-    """The user's batches (its batch_sampler's, or its sampler's order cut at the plan's size) and their name.
-
-    Raises:
-        UserError: the plan sets a size an own batch_sampler decides, or ``micro_batch: auto`` (one line).
-    """
+    """The user's batches (its batch_sampler's, or its sampler's order cut at the plan's size) and their name."""
     name = type(own).__name__
     if plan.micro_batch == "auto":
         raise UserError(
@@ -163,13 +129,7 @@ def _global_batches(loader: Any, own: Any, plan: Plan) -> tuple[Any, str]:
 
 
 def install_batch_sampler(loader: Any, plan: Plan, global_rank: int, run_seed: int) -> tuple[Any, Guarantee]:
-    """The training loader whose own batches (:func:`own_batching`) are split across the data-parallel ranks.
-
-    Raises:
-        UserError: the plan sets the batch size an own batch_sampler decides, the loader cannot be rebuilt (a
-            DataLoader subclass), the first epoch has a batch the data-parallel size does not divide, or no batch:
-            one line naming the user's class, before training.
-    """
+    """The training loader whose own batches (:func:`own_batching`) are split across the data-parallel ranks."""
     own = own_batching(loader)
     if type(loader) is not DataLoader:
         raise UserError(
@@ -183,9 +143,8 @@ def install_batch_sampler(loader: Any, plan: Plan, global_rank: int, run_seed: i
         sampler.slice_of(batch)
     if sampler.num_global_batches == 0:
         raise UserError(f"the training loader's {what} yields no batch; give it more samples or smaller batches")
-    rebuilt = rebuild_loader(loader, sampler, None, BatchListView(loader.dataset))
     detail = (
         f"the global batches of the loader's own {what}, {sampler.num_global_batches} an epoch drawn with seed "
         f"{run_seed} + epoch, each split into {plan.dp_size} equal slice(s): the same at any world size"
     )
-    return rebuilt, Guarantee(True, detail)
+    return rebuild_loader(loader, sampler, None, BatchListView(loader.dataset)), Guarantee(True, detail)

@@ -27,8 +27,7 @@ def process_group_size() -> int:
 
 def gather_objects(value: Any) -> list[Any]:
     """``value`` of every rank, in rank order (just ``[value]`` on one process)."""
-    size = process_group_size()
-    if size == 1:
+    if (size := process_group_size()) == 1:
         return [value]
     gathered: list[Any] = [None] * size
     dist.all_gather_object(gathered, value)
@@ -36,22 +35,16 @@ def gather_objects(value: Any) -> list[Any]:
 
 
 def store_client(timeout_s: float) -> dist.TCPStore:
-    """A new client of the rendezvous store (``MASTER_ADDR:MASTER_PORT``): out-of-band messages, no collective.
-
-    A client of its own per thread: a store client holds its lock while it waits. ``timeout_s`` bounds each request.
-    """
+    """A new client of the rendezvous store (no collective); one per thread: a client holds its lock while it waits."""
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 def leave_together() -> None:
-    """Leave the default process group on every rank, rank 0 last.
+    """Leave the default process group on every rank, rank 0 (which hosts the rendezvous store) last.
 
-    After a barrier, ranks 1..N-1 destroy their group and say so through the rendezvous store, and rank 0 waits
-    for that before it destroys its own. Rank 0 hosts the store under Lightning's launcher, SLURM and two "nodes"
-    on localhost: when it exited while another rank still tore its connections down, that rank aborted
-    ("terminate called without an active exception") although the run had succeeded; a barrier alone does not
-    order the teardowns.
+    Rank 0 leaving while another rank still tore its connections down aborted that rank ("terminate called without
+    an active exception") after a successful run; a barrier alone does not order the teardowns, the store does.
     """
     if not in_process_group():
         return

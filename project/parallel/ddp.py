@@ -1,10 +1,7 @@
 """The seed's DistributedDataParallel recipe, one section per step, in the seed's order.
 
-The seed joins one process per GPU in a process group, wraps the model in DDP, gives each process its share of
-the data with a DistributedSampler, waits at ``synchronize()`` and evaluates ``model.module``. Each section below
-starts with the seed's lines it replaces (docs/parallel.md, "The seed's recipe, line by line"); its launch and
-``--local_rank`` are :mod:`project.launch.legacy`'s. Importing this module imports no Lightning: :func:`unwrap`
-serves the plain-Python export too.
+Each section starts with the seed's lines it replaces (docs/parallel.md); the launch is :mod:`project.launch.legacy`'s.
+Importing this module imports no Lightning: :func:`unwrap` serves the plain-Python export too.
 """
 
 from __future__ import annotations
@@ -42,25 +39,22 @@ if TYPE_CHECKING:
 #   model = DistributedDataParallel(model, device_ids=[local_rank], output_device=local_rank, broadcast_buffers=False)
 # Lightning's DDPStrategy sets the device, joins the group and wraps the model; the plan gives it these options.
 def ddp_buffer_kwargs(broadcast_buffers: bool) -> dict[str, bool]:
-    """The seed's ``broadcast_buffers`` under the name the installed torch uses.
-
-    torch 2.13 deprecates it (FutureWarning) for ``forward_sync_buffers``, which keeps the per-forward meaning.
-    """
+    """The seed's ``broadcast_buffers`` under the installed torch's name (2.13: ``forward_sync_buffers``)."""
     params = inspect.signature(DistributedDataParallel.__init__).parameters
-    name = "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
-    return {name: broadcast_buffers}
+    return {"forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers": broadcast_buffers}
 
 
 def ddp_kwargs(args: dict[str, Any], backend: str | None) -> dict[str, Any]:
     """Lightning ``DDPStrategy`` keyword arguments from the plan's DDP arguments (``plan``'s ``ddp_args``)."""
     kwargs = dict(args)
     ddp = kwargs.pop("ddp")  # the parallel.ddp subsection: DDP's flags
-    kwargs.update(find_unused_parameters=ddp["find_unused_parameters"], **ddp_buffer_kwargs(ddp["broadcast_buffers"]))
     return {
         "process_group_backend": backend,  # parallel.backend; env:// and set_device are Lightning's
         "timeout": timedelta(seconds=kwargs.pop("timeout_s")),
         "start_method": kwargs.pop("start_method"),
         **kwargs,
+        "find_unused_parameters": ddp["find_unused_parameters"],
+        **ddp_buffer_kwargs(ddp["broadcast_buffers"]),
     }
 
 
@@ -77,11 +71,7 @@ def build_ddp(args: dict[str, Any], backend: str | None, layout: Layout) -> Any:
 def training_sampler(
     loader: Any, plan: Plan, global_rank: int, run_seed: int, limit: int | float
 ) -> tuple[Any, Guarantee]:
-    """The training loader cut into the plan's global batches, the same at any world size, or unchanged and why.
-
-    Raises:
-        UserError: several loaders on several data-parallel ranks, or a dataset smaller than one global batch.
-    """
+    """The training loader cut into the plan's global batches, the same at any world size, or unchanged and why."""
     per_device, accumulation = plan.loader_batches
     world, rank = plan.dp_size, plan.dp_rank(global_rank)  # not the world: tensor-parallel groups share data
     refuse_several_training_loaders(loader, world)
@@ -111,16 +101,12 @@ class BarrierTimeoutError(RunFailure):
 
 
 def synchronize(name: str, timeout_s: float) -> float:
-    """Wait for every rank at barrier ``name`` (what BarrierCallback calls); return this rank's wait in seconds.
-
-    A no-op (0.0) unless torch.distributed is available, initialised and has > 1 rank. On gloo a monitored barrier
-    names the ranks that did not arrive; elsewhere an asynchronous barrier has the same deadline.
-    """
+    """Wait for every rank at barrier ``name`` (BarrierCallback's); return this rank's wait in seconds (0: one rank)."""
     if process_group_size() == 1:
         return 0.0
     start, timeout = time.perf_counter(), timedelta(seconds=timeout_s)
     try:
-        if dist.get_backend() == "gloo":
+        if dist.get_backend() == "gloo":  # a monitored barrier names the ranks that did not arrive
             # The Flight Recorder does not see this wait: a layer may (the hang report records it).
             with observed("observe_wait", "monitored_barrier", name, timeout_s):
                 dist.monitored_barrier(timeout=timeout, wait_all_ranks=True)
@@ -139,16 +125,14 @@ def synchronize(name: str, timeout_s: float) -> float:
 
 # --- 4. Evaluation on the bare model. The seed, at test time:
 #   model = model.module
-#: Attributes through which wrappers hold the module they wrap: DataParallel/DDP (``module``), torch.compile's,
-#: Lightning's and Fabric's wrappers (see project.lightning_private).
+#: Attributes through which wrappers hold the module they wrap: DP/DDP (``module``), torch.compile's, Lightning's.
 WRAPPER_ATTRS = ("module", COMPILED_ATTRIBUTE, WRAPPER_ATTRIBUTE)
 
 
 def _is_wrapper(model: nn.Module) -> bool:
-    if isinstance(model, (nn.DataParallel, DistributedDataParallel)):
-        return True
-    # Matched by name so that this module never imports Lightning or torch._dynamo.
-    return type(model).__name__ == "OptimizedModule" or type(model).__name__ in WRAPPER_CLASS_NAMES
+    # Matched by name too, so that this module never imports Lightning or torch._dynamo.
+    names = ("OptimizedModule", *WRAPPER_CLASS_NAMES)
+    return isinstance(model, (nn.DataParallel, DistributedDataParallel)) or type(model).__name__ in names
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -163,12 +147,9 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def evaluate_unwrapped(trainer: Any, pl_module: nn.Module) -> nn.Module | None:
-    """Evaluate the bare module with rank 0's buffers (BatchNorm statistics): the DDP wrapper taken off, or ``None``.
-
-    A sharded (FSDP) module is not swapped: its forward gathers its parameters itself. Its ranks still evaluate
-    rank 0's buffers, which are what its checkpoint holds.
-    """
+    """Evaluate the bare module with rank 0's buffers (BatchNorm statistics): the DDP wrapper taken off, or ``None``."""
     model = trainer.strategy.model
+    # A sharded (FSDP) module keeps its wrapper (its forward gathers its parameters) but gets rank 0's buffers too.
     swap = model is not None and unwrap(model) is not model
     if (swap or row_of(trainer.strategy).shards_parameters) and trainer.world_size > 1:
         for buffer in pl_module.buffers():

@@ -1,13 +1,8 @@
 """Say which rank failed when a multi-process run breaks, instead of a gloo/nccl traceback.
 
-When one rank dies the others learn it in their next collective, from an error that names a socket, not a rank
-("Connection reset by peer"); a stuck rank makes the others' collective fail after ``parallel.timeout_s``.
-Rank 0 under Lightning's launcher started the other ranks, so it tells which one died and how; any other rank
-names its peer when there is only one, else leaves that to the launcher (torchrun's report names it).
-
-One user mistake surfaces here too: a parameter that got no gradient under DDP without
-``find_unused_parameters`` ("Expected to have finished reduction in the prior iteration"): one line naming
-``parallel.ddp.find_unused_parameters``.
+A dead rank shows in the others' next collective as a socket error ("Connection reset by peer"), a stuck one as a
+timeout. Rank 0 under Lightning's launcher started the others, so it names which one died and how; another rank
+names its peer when there is only one. DDP's "Expected to have finished reduction" becomes one line too.
 """
 
 from __future__ import annotations
@@ -44,8 +39,10 @@ _UNUSED_PARAMETERS = (
     "expected to have finished reduction in the prior iteration",
     "parameters that were not used in producing the loss",
 )
-#: Seconds a rank other than 0 that found the mistake rank 0 finds too waits to be stopped by its launcher
-#: (Lightning's stops it at once, torchrun within a second): rank 0 says it in one line, the others would repeat it.
+# Rank 0 hosts the rendezvous store on MASTER_PORT; a port already taken fails its listen.
+_PORT_IN_USE = ("failed to listen on any local network address", "address already in use")
+#: Seconds a rank other than 0 waits to be stopped by its launcher before repeating the mistake rank 0 reports (a
+#: launcher that does not stop them, or a mistake only this rank made).
 DEFER_TO_RANK_ZERO_S = 10.0
 
 
@@ -64,27 +61,18 @@ def uses_parallel_section(trainer: L.Trainer) -> bool:
 
 
 def unused_parameters_error(model: str, names: list[str], when: str, parallel: bool = True) -> UnusedParametersError:
-    """The one line for parameters of ``model`` (their ``names``, if known) that got no gradient in ``when``.
-
-    ``parallel``: the layout comes from the ``parallel`` section (its setting is named), else Lightning's strategy.
-    """
+    """The line for parameters of ``model`` (``names``, if known) that got no gradient in ``when``."""
     listed = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     subject = f"{len(names)} parameter(s) of {model} ({listed})" if names else f"a parameter of {model}"
     key = "parallel.ddp.find_unused_parameters: " if parallel else "trainer.strategy: ddp_find_unused_parameters_"
-    setting = f"`{key}true`"
     return UnusedParametersError(
         f"{subject} got no gradient in {when}, and DDP needs one for every trainable parameter in every step "
-        f"unless told otherwise; set {setting}, or freeze the parameters that are never trained (requires_grad=False)"
+        f"unless told otherwise; set `{key}true`, or freeze the parameters that are never trained (requires_grad=False)"
     )
 
 
 def defer_to_rank_zero(trainer: L.Trainer) -> None:
-    """On a rank other than 0 of several, wait a while before reporting the mistake that rank 0 reports too.
-
-    Every rank finds the same mistake at the same step; rank 0 names it and its launcher stops the others
-    meanwhile, so the run ends with one line. A rank still running after :data:`DEFER_TO_RANK_ZERO_S`
-    (a launcher that does not stop the others, or a mistake only this rank made) then reports it itself.
-    """
+    """On a rank other than 0 of several, wait for rank 0's launcher to stop it, so that rank 0 alone reports."""
     if trainer.world_size > 1 and trainer.global_rank != 0:
         time.sleep(DEFER_TO_RANK_ZERO_S)
 
@@ -93,10 +81,9 @@ def _unused_parameters(trainer: L.Trainer) -> UnusedParametersError:
     """DDP's "finished reduction" error, as the one line that names the setting (and the parameters when known)."""
     module = trainer.lightning_module
     automatic = module is None or module.automatic_optimization
-    # Automatic optimization leaves the last step's gradients in place until the next backward; manual
-    # optimization may have cleared them, so the parameters are named only under automatic optimization.
+    # Only automatic optimization surely leaves the last step's gradients in place (manual may have cleared them).
     names = parameters_without_gradient(module) if module is not None and automatic else []
-    # DDP notices at the next forward (automatic), or at the next manual_backward, which Lightning prepares.
+    # DDP notices at the next forward (automatic), or at the next manual_backward.
     when = "the previous training step" if automatic else "an earlier backward pass (manual_backward)"
     defer_to_rank_zero(trainer)
     model = type(module).__name__ if module is not None else "the model"
@@ -105,14 +92,12 @@ def _unused_parameters(trainer: L.Trainer) -> UnusedParametersError:
 
 def _gist(error: BaseException) -> str:
     """The backend's own words without its source location: "[pair.cc:534] Connection closed by peer ..."."""
-    line = re.sub(r"^\[[^\]]*\]\s*", "", first_line(error))
-    return line.split(". ")[0][:160]
+    return re.sub(r"^\[[^\]]*\]\s*", "", first_line(error)).split(". ")[0][:160]
 
 
 def _failed_children(strategy: Any, wait_s: float) -> list[tuple[int, subprocess.Popen | RankProcess]]:
     """(local rank, process) of the ranks this process started (launched or forked) that ended with an error."""
-    procs = launched_processes(strategy)
-    deadline = time.monotonic() + wait_s
+    procs, deadline = launched_processes(strategy), time.monotonic() + wait_s
     while True:
         # Lightning's launcher lists local ranks 1..N-1 in order; a forked rank knows its own.
         failed = [(getattr(p, "local_rank", i + 1), p) for i, p in enumerate(procs) if p.poll() not in (None, 0)]
@@ -121,21 +106,8 @@ def _failed_children(strategy: Any, wait_s: float) -> list[tuple[int, subprocess
         time.sleep(0.05)
 
 
-# Rank 0 hosts the rendezvous store on MASTER_PORT; a port already taken fails its listen.
-_PORT_IN_USE = ("failed to listen on any local network address", "address already in use")
-
-
 class PortInUseError(UserError):
     """The rendezvous port is taken: a setting to change, not a rank that died."""
-
-
-def _port_in_use() -> PortInUseError:
-    """The one line for a rendezvous that could not start: ``MASTER_PORT`` is taken on this machine."""
-    port = os.environ.get("MASTER_PORT", "the rendezvous port")
-    return PortInUseError(
-        f"MASTER_PORT={port} is already in use on this machine (another run, or a process left over from one), "
-        "so the rendezvous could not start; choose a free port, or unset MASTER_PORT and the launcher picks one"
-    )
 
 
 def explain_rank_failure(
@@ -147,12 +119,8 @@ def explain_rank_failure(
 ) -> RunFailure | UserError | None:
     """A one-line :class:`RankFailure` for ``error`` if it is a lost or stuck rank, else ``None``.
 
-    Ranks this one started that all ended with exit code 75 stopped on a signal: that is a
-    :class:`~project.errors.Preempted` (exit code 75), never blamed on the out-of-memory killer.
-
-    Call it in the rank that caught ``error``, before its launcher's children are stopped (a child that died
-    first is told apart from those stopped afterwards). ``timeout_name`` holds ``timeout_s``; ``then`` is what to
-    do once the cause is fixed. DDP's unused-parameter error is an :class:`UnusedParametersError` (exit code 2).
+    Call it before the launcher's children are stopped (the first to die is told apart); ``timeout_name`` holds
+    ``timeout_s``; ``then`` is what to do once the cause is fixed.
     """
     world_size = getattr(trainer, "world_size", 1) if trainer is not None else 1
     error = _lost_rank_under(error)  # a checkpoint write that failed because a rank died names the rank, not the disk
@@ -162,7 +130,11 @@ def explain_rank_failure(
     if any(s in text for s in _UNUSED_PARAMETERS):  # before the children: they stopped for the same reason
         return _unused_parameters(trainer)
     if any(s in text for s in _PORT_IN_USE):  # rank 0 could not host the rendezvous: no rank died
-        return _port_in_use()
+        return PortInUseError(
+            f"MASTER_PORT={os.environ.get('MASTER_PORT', 'the rendezvous port')} is already in use on this machine "
+            "(another run, or a process left over from one), so the rendezvous could not start; choose a free port, "
+            "or unset MASTER_PORT and the launcher picks one"
+        )
     lost, timed_out = any(s in text for s in _LOST_PEER), any(s in text for s in _TIMED_OUT)
     # A child that broke the connection is dead, or about to be reaped; a stuck one never exits.
     failed = _failed_children(trainer.strategy, _REAP_WAIT_S if lost else 0.0)
@@ -177,7 +149,7 @@ def explain_rank_failure(
 def _children_failure(trainer: L.Trainer, failed: list[tuple[int, Any]], lost: bool, resume: str) -> RunFailure:
     """The line for ranks this one started that ended first: stopped by a signal, killed, or ended at a stall."""
     rank, first = trainer.global_rank, trainer.node_rank * trainer.num_devices
-    if all(p.returncode == Preempted.exit_code for _, p in failed):  # stopped by a signal, not killed
+    if all(p.returncode == Preempted.exit_code for _, p in failed):  # stopped on a signal, not killed (not the OOM)
         return Preempted(peer_stopped(", ".join(f"rank {first + local} (pid {p.pid})" for local, p in failed)))
     names = ", ".join(f"rank {first + local} (pid {p.pid}) {how_it_ended(p.returncode)}" for local, p in failed)
     # That rank ended at its timeout, after a stall a layer recorded (the hang report names who was where).
@@ -196,13 +168,11 @@ def _peer_failure(
     (lost, timed_out), (limit, timeout_name) = how, timeout
     peer = f"rank {1 - rank}" if world_size == 2 else "another rank (the launcher's report names it)"
     detail = _gist(error)
-    # The peer ended at its timeout, after a stall a layer recorded.
+    # The peer ended at its timeout, after a stall a layer recorded (the hang report names who was where).
     if lost and (stalled := first_answer("explain_stall", None)) is not None:
         return RankFailure(f"{stalled}; {peer} ended at its timeout ({detail}), {resume}")
     if timed_out and not lost:
-        # A layer's line naming who is where (the hang report: every rank's stacks and last collectives, compared).
-        why = f"rank {rank}: a collective did not complete within {limit} ({detail})"
-        stalled = first_answer("explain_stall", why)
+        stalled = first_answer("explain_stall", f"rank {rank}: a collective did not complete within {limit} ({detail})")
         if stalled is not None:
             return RankFailure(
                 f"rank {rank}: a collective did not complete within {limit}; {stalled}. Fix the code it names, or "
@@ -220,11 +190,7 @@ def _peer_failure(
 
 
 def _lost_rank_under(error: BaseException) -> BaseException:
-    """The lost peer under a failed background checkpoint write (a :class:`RunFailure` raised from it), else ``error``.
-
-    A rank that dies while the others write a sharded checkpoint fails their write's collective; the write's own
-    message would send the user to the disk, where nothing is wrong.
-    """
+    """The lost peer under a failed background checkpoint write (a rank died, not the disk), else ``error``."""
     if not isinstance(error, RunFailure) or isinstance(error, (RankFailure, Preempted)):
         return error
     cause = error.__cause__
@@ -236,18 +202,13 @@ def _lost_rank_under(error: BaseException) -> BaseException:
 
 
 def error_from_worker(error: BaseException) -> BaseException | None:
-    """The template's own error raised in a forked or spawned worker (``scenario: fork``), as that error again.
-
-    ``torch.multiprocessing`` hands the main process a ``ProcessRaisedException`` holding the worker's
-    traceback as text; its last line is ``module.Class: message``.
-    """
+    """The template's own error raised in a forked or spawned worker (``scenario: fork``), as that error again."""
     if not isinstance(error, mp.ProcessRaisedException):
         return None
-    found = re.match(r"^([\w.]+)\.(\w+): (.*)$", str(error).strip().splitlines()[-1])
-    if found is None:
+    # A ProcessRaisedException holds the worker's traceback as text, ending "module.Class: message".
+    if (found := re.match(r"^([\w.]+)\.(\w+): (.*)$", str(error).strip().splitlines()[-1])) is None:
         return None
     module, name, message = found.groups()
-    # Looked up among the modules already imported, never imported: the traceback's text is the worker's, and a
-    # multi-line message could name any module (importing `this` alone prints).
+    # Looked up among the modules already imported, never imported: a multi-line message could name any module.
     cls = getattr(sys.modules.get(module), name, None)
     return cls(message) if isinstance(cls, type) and issubclass(cls, (UserError, RunFailure)) else None

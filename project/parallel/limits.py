@@ -1,21 +1,9 @@
 """What the Trainer's ``limit_*_batches`` mean under the parallel layer: the same samples at any world size.
 
-Lightning counts a limit in each process's own batches. With the layer's evaluation shards that would make
-2 processes, each taking the first 3 batches of its own shard, see other samples than 1 process taking the
-first 3 batches of the dataset. Here a limit is read as Lightning reads it on one process and turned into samples:
-
-- ``limit_val_batches``, ``limit_test_batches``, ``limit_predict_batches``: an int ``N`` keeps the dataset's first
-  ``N x batch_size`` samples (the loader's ``batch_size``); a fraction ``f`` keeps the first ``int(f x batches)``
-  whole batches of it (Lightning's rounding on one process). :class:`~project.parallel.samplers.EvalShardSampler`
-  shards those samples over the ranks, each once, and the Trainer's per-process limit cuts nothing more: an int
-  ``N`` cannot (no shard of ``N x batch_size`` samples holds more than ``N`` batches), a fraction is lifted to 1.0
-  while the loaders are in use (:class:`TrainerLimits`).
-- ``limit_train_batches``: the layer's training batches are global (micro-)batches already
-  (:class:`~project.parallel.samplers.GlobalBatchSampler`, :class:`~project.parallel.stream.GlobalBatchStream`):
-  each process has one batch per global batch, so Lightning's count is the global one at any world size.
-
-A ``val_check_interval`` beyond an epoch is refused before training (:func:`refuse_unreachable_validation`); a
-training stream that ends before validation was due is validated at its end, said in one line (:class:`TrainerLimits`).
+Lightning counts a limit in each process's own batches. Here evaluation's is read as on one process, in samples
+(an int ``N``: the first ``N x batch_size``; a fraction: its first whole batches) that EvalShardSampler shards, and
+the Trainer's own cuts nothing more (a fraction is lifted to 1.0: :class:`TrainerLimits`). Training's batches are
+global already (one per process per global batch), so Lightning's count is the global one at any world size.
 """
 
 from __future__ import annotations
@@ -40,25 +28,15 @@ SETTINGS = {
 
 @dataclass(frozen=True)
 class Limit:
-    """The samples one ``limit_*_batches`` keeps.
+    """The samples one ``limit_*_batches`` keeps (training: in global micro-batches; ``None``: all of a stream)."""
 
-    Attributes:
-        setting: ``limit_val_batches``, ...
-        value: What the user set (an int number of batches, or a fraction).
-        batches: Batches kept (global batches for training); ``None``: all of a stream.
-        batch_size: Samples per batch (the global micro-batch for training).
-        samples: Samples kept; ``None``: all of a stream.
-        total: Samples there are (an epoch's whole global batches for training); ``None``: a stream.
-        shards: Samples of each process (evaluation).
-    """
-
-    setting: str
-    value: int | float
-    batches: int | None
+    setting: str  # limit_val_batches, ...
+    value: int | float  # what the user set: an int number of batches, or a fraction
+    batches: int | None  # batches kept
     batch_size: int
-    samples: int | None
-    total: int | None
-    shards: tuple[int, ...] = ()
+    samples: int | None  # samples kept
+    total: int | None  # samples there are (training: an epoch's whole global batches)
+    shards: tuple[int, ...] = ()  # samples of each process (evaluation)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for ``plan.json`` and ``plan``."""
@@ -68,21 +46,18 @@ class Limit:
 
     def describe(self) -> str:
         """One phrase: what the limit keeps, in samples."""
-        head = f"{self.setting}={self.value}"
-        if self.setting == SETTINGS["training"]:
-            if self.total is None:
-                if self.batches is None:
-                    return f"{head}: the whole stream, in global batches of {self.batch_size}"
-                return f"{head}: at most {self.batches} global batches of {self.batch_size} ({self.samples} samples)"
-            if self.samples == self.total:
-                return f"{head}: all {self.batches} global batches of {self.batch_size} ({self.total} samples) an epoch"
-            return (
-                f"{head}: {self.batches} global batches of {self.batch_size} = {self.samples} of the "
-                f"{self.total} samples of an epoch"
-            )
-        which = "all" if self.samples == self.total else f"the first {self.samples} of"
-        shards = f", {' + '.join(map(str, self.shards))} per process" if len(self.shards) > 1 else ""
-        return f"{head}: {which} {self.total} samples ({self.batches} batches of {self.batch_size}{shards})"
+        head, kept, size = f"{self.setting}={self.value}", self.batches, self.batch_size
+        if self.setting != SETTINGS["training"]:
+            which = "all" if self.samples == self.total else f"the first {self.samples} of"
+            shards = f", {' + '.join(map(str, self.shards))} per process" if len(self.shards) > 1 else ""
+            return f"{head}: {which} {self.total} samples ({kept} batches of {size}{shards})"
+        if kept is None:
+            return f"{head}: the whole stream, in global batches of {size}"
+        if self.total is None:
+            return f"{head}: at most {kept} global batches of {size} ({self.samples} samples)"
+        if self.samples == self.total:
+            return f"{head}: all {kept} global batches of {size} ({self.total} samples) an epoch"
+        return f"{head}: {kept} global batches of {size} = {self.samples} of the {self.total} samples of an epoch"
 
 
 def is_whole(value: int | float | None) -> bool:
@@ -91,11 +66,7 @@ def is_whole(value: int | float | None) -> bool:
 
 
 def kept_batches(setting: str, value: int | float, batches: int) -> int:
-    """The batches a limit keeps of ``batches``, as Lightning counts them on one process.
-
-    Raises:
-        UserError: a fraction that keeps less than one batch (Lightning refuses it too, later, with a traceback).
-    """
+    """The batches a limit keeps of ``batches``, as Lightning counts them on one process (less than one: refused)."""
     if isinstance(value, int):
         return min(batches, value)
     kept = int(batches * value)
@@ -115,8 +86,7 @@ def shard_sizes(samples: int, world_size: int) -> tuple[int, ...]:
 
 def evaluation_limit(setting: str, value: int | float, dataset_size: int, batch_size: int, world_size: int) -> Limit:
     """The dataset's first samples that ``value`` keeps, in whole batches of ``batch_size``, sharded over the ranks."""
-    batches = math.ceil(dataset_size / batch_size)
-    kept = kept_batches(setting, value, batches)
+    kept = kept_batches(setting, value, math.ceil(dataset_size / batch_size))
     samples = min(dataset_size, kept * batch_size)
     return Limit(setting, value, kept, batch_size, samples, dataset_size, shard_sizes(samples, world_size))
 
@@ -128,11 +98,7 @@ def training_limit(value: int | float, global_batches: int, samples_per_micro_st
 
 
 def stream_limit(value: int | float, samples_per_micro_step: int) -> Limit:
-    """``limit_train_batches`` for a training stream: an int number of global batches, or the whole stream.
-
-    Raises:
-        UserError: a fraction other than 1.0 (a stream's length is unknown until it ends).
-    """
+    """``limit_train_batches`` for a training stream: an int number of global batches, or the whole stream (1.0)."""
     setting = SETTINGS["training"]
     if isinstance(value, float) and value != 1.0:
         raise UserError(
@@ -147,10 +113,8 @@ def stream_limit(value: int | float, samples_per_micro_step: int) -> Limit:
 class EndAwareStream(GlobalBatchStream):
     """A :class:`~project.parallel.stream.GlobalBatchStream` that reads one sample ahead of the loader.
 
-    With an int ``limit_train_batches`` Lightning knows the loader's length and fetches no batch ahead, so the
-    stream would learn that it ended only after its last batch, past the point where validation is decided. One
-    sample ahead, its ``exhausted`` is set while its last batch is fetched (as Lightning's own prefetching does
-    for a stream of unknown length), before that batch is trained: a checkpoint still sees it unfinished.
+    With an int ``limit_train_batches`` Lightning fetches no batch ahead: ``exhausted`` is set while the last batch is
+    fetched, before validation is decided (a checkpoint still sees the stream unfinished).
     """
 
     def __iter__(self) -> Iterator[Any]:
@@ -163,19 +127,7 @@ class EndAwareStream(GlobalBatchStream):
 
 
 def refuse_unreachable_validation(trainer: Any, global_batches: int) -> None:
-    """Refuse an int ``val_check_interval`` beyond the training batches of an epoch: validation would never run.
-
-    Lightning refuses it too, but only after the sanity check, with a traceback. With
-    ``check_val_every_n_epoch: null`` the interval counts batches across epochs and is reachable.
-
-    Args:
-        trainer: The Trainer, or anything with its ``val_check_interval``, ``check_val_every_n_epoch``,
-            ``limit_val_batches`` and ``limit_train_batches`` (``plan`` passes the config's).
-        global_batches: The global (micro-)batches of a training epoch (map-style data).
-
-    Raises:
-        UserError: validation is unreachable.
-    """
+    """Refuse an int ``val_check_interval`` beyond an epoch's ``global_batches`` (Lightning: after the sanity check)."""
     interval = trainer.val_check_interval
     if not isinstance(interval, int) or isinstance(interval, bool):
         return
@@ -201,13 +153,11 @@ class TrainerLimits:
 
     def user_value(self, trainer: Any, stage: str) -> int | float:
         """The limit the user set for ``stage`` (read before the layer lifts the Trainer's)."""
-        setting = SETTINGS[stage]
-        return self._user.setdefault(setting, getattr(trainer, setting))
+        return self._user.setdefault(SETTINGS[stage], getattr(trainer, SETTINGS[stage]))
 
     def lift(self, trainer: Any, stage: str) -> None:
         """Let the Trainer cut nothing of the shards the layer narrowed already (an int cannot cut them)."""
-        value = self.user_value(trainer, stage)
-        if isinstance(value, float) and value > 0:
+        if isinstance(value := self.user_value(trainer, stage), float) and value > 0:
             setattr(trainer, SETTINGS[stage], 1.0)
 
     def restore(self, trainer: Any) -> None:
@@ -222,16 +172,10 @@ class TrainerLimits:
             trainer.val_check_batch, self._val_check_batch = self._val_check_batch, None
 
     def at_stream_end(self, trainer: Any, batch_idx: int, samples_per_micro_step: int) -> None:
-        """The training stream ended with batch ``batch_idx``: validate now if validation was due later.
-
-        A stream shorter than ``limit_train_batches`` (or an int ``val_check_interval``) would otherwise never
-        be validated, nor its best checkpoint saved; its length is known only now. Every rank reads the same
-        stream, so every rank decides alike.
-        """
+        """The training stream ended with batch ``batch_idx``: validate now if it was due later (else it never is)."""
         due, every, batches = trainer.val_check_batch, trainer.check_val_every_n_epoch, batch_idx + 1
-        if not isinstance(due, int) or batches >= due or every is None or not trainer.enable_validation:
-            return
-        if (trainer.current_epoch + 1) % every != 0:
+        early = isinstance(due, int) and batches < due and every is not None and trainer.enable_validation
+        if not early or (trainer.current_epoch + 1) % every:
             return
         if self._val_check_batch is None:
             self._val_check_batch = due

@@ -1,18 +1,9 @@
-"""The parallel layer's guarantees, installed on the loaders of any datamodule.
+"""The parallel layer's guarantees, installed on the loaders of any datamodule (all else of a loader kept).
 
-Training: the loader's sampler is replaced by :class:`~project.parallel.samplers.GlobalBatchSampler` at the
-plan's per-device batch size, so the global batches do not depend on the world size. Evaluation and
-prediction: by :class:`~project.parallel.samplers.EvalShardSampler`, so every sample counts once and the
-ranks' shards, in rank order, are the dataset order. Everything else of the user's loader stays: dataset,
-collate_fn, workers, pinning, worker_init_fn, generator.
-
-A training stream (an ``IterableDataset``) is cut into the same global batches by
-:class:`~project.parallel.stream.GlobalBatchStream`. Where that cannot be done without changing what the user's
-loader means (an evaluation stream, a custom sampler or batch_sampler, a DataLoader subclass), the loader is
-left alone and the :class:`Guarantee` says why; the run says so in one line before training.
-
-A ``limit_*_batches`` means the same samples at any world size (:mod:`project.parallel.limits`): the evaluation
-samplers shard only the samples it keeps, and the :class:`Guarantee` records how many.
+Training: :class:`~project.parallel.samplers.GlobalBatchSampler` or, for a stream,
+:class:`~project.parallel.stream.GlobalBatchStream`; evaluation: :class:`~project.parallel.samplers.EvalShardSampler`.
+A loader they would change the meaning of (an evaluation stream, a custom sampler or batch_sampler, a DataLoader
+subclass) is left alone, and its :class:`Guarantee` says why.
 """
 
 from __future__ import annotations
@@ -43,8 +34,7 @@ class Guarantee:
 
     held: bool
     detail: str
-    #: The samples the stage's ``limit_*_batches`` keeps, where the layer's sampler applies it.
-    limit: Limit | None = None
+    limit: Limit | None = None  # what the stage's limit_*_batches keeps, where the layer's sampler applies it
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for ``plan.json``."""
@@ -82,10 +72,7 @@ def takes_eval_sampler(loader: Any) -> bool:
 
 
 def rebuild_loader(loader: DataLoader, sampler: Any, batch_size: int | None, dataset: Any = None) -> DataLoader:
-    """``loader`` again with ``sampler`` and ``batch_size`` (and ``dataset``); every other setting kept.
-
-    ``batch_size=None``: each item the sampler yields is fetched as is (a batch of indices already made).
-    """
+    """``loader`` again with ``sampler``, ``batch_size`` (``None``: the sampler's batches) and ``dataset``."""
     workers = loader.num_workers
     return DataLoader(
         loader.dataset if dataset is None else dataset,
@@ -106,11 +93,6 @@ def rebuild_loader(loader: DataLoader, sampler: Any, batch_size: int | None, dat
     )
 
 
-def shuffle_seed(loader: DataLoader, run_seed: int) -> int:
-    """The seed of the training permutation: the loader's own generator's, else the run's seed."""
-    return int(loader.generator.initial_seed()) if loader.generator is not None else run_seed
-
-
 def install_training_sampler(
     loader: Any,
     per_device_batch_size: int,
@@ -120,30 +102,20 @@ def install_training_sampler(
     accumulation: int = 1,
     limit: int | float = 1.0,
 ) -> tuple[Any, Guarantee]:
-    """The training loader with world-size-invariant global batches, or ``loader`` unchanged and why.
-
-    ``limit`` (``limit_train_batches``) is left to the Trainer: it counts this process's batches, one per global
-    batch, so it means global batches at any world size; the :class:`Guarantee` records its samples.
-
-    Raises:
-        ValueError: the dataset holds fewer samples than one global batch.
-        UserError: ``limit`` is a fraction of a stream, or keeps less than one global batch.
-    """
+    """The loader with world-size-invariant global batches (the Guarantee records ``limit``), or unchanged and why."""
     if isinstance(getattr(loader, "dataset", None), IterableDataset):
         return _install_stream(loader, per_device_batch_size, world_size, rank, accumulation, limit)
-    refusal = _refusal(loader)
-    if refusal is not None:
+    if (refusal := _refusal(loader)) is not None:
         return loader, Guarantee(False, f"training batches depend on the world size: {refusal}")
-    shuffle = not isinstance(loader.sampler, SequentialSampler)
-    if isinstance(loader.sampler, GlobalBatchSampler):
-        shuffle = loader.sampler.shuffle
+    old = loader.sampler
+    shuffle = old.shuffle if isinstance(old, GlobalBatchSampler) else not isinstance(old, SequentialSampler)
     sampler = GlobalBatchSampler(
         loader.dataset,
         per_device_batch_size,
         num_replicas=world_size,
         rank=rank,
         shuffle=shuffle,
-        seed=shuffle_seed(loader, run_seed),
+        seed=int(loader.generator.initial_seed()) if loader.generator is not None else run_seed,
         accumulation=accumulation,
         with_epoch=isinstance(loader.dataset, SeededAugmentation),
     )
@@ -196,20 +168,10 @@ def install_eval_sampler(
 ) -> tuple[Any, Guarantee]:
     """An evaluation loader whose ranks take contiguous, unpadded shards, or ``loader`` unchanged and why.
 
-    Args:
-        loader: The user's loader.
-        world_size: Processes that share the evaluation.
-        rank: This process's rank.
-        stage: ``validation``, ``test`` or ``predict``.
-        limit: The stage's ``limit_*_batches``: the shards hold only the dataset's first samples it keeps,
-            the same at any world size. ``None``: the Trainer applies it per process (said in the detail).
-
-    Raises:
-        UserError: a fraction that keeps less than one batch.
+    ``limit``: the ``stage``'s ``limit_*_batches``, kept in the shards (``None``: the Trainer's, per process).
     """
     setting = SETTINGS[stage]
-    refusal = _refusal(loader)
-    if refusal is not None:
+    if (refusal := _refusal(loader)) is not None:
         detail = f"{stage} may count samples twice or out of order: {refusal}"
         if not is_whole(limit):
             detail += f"; {setting} counts each process's own batches"
@@ -224,19 +186,12 @@ def install_eval_sampler(
         detail += f"{kept.batch_size}) once each, in dataset order, over {world_size} process(es)"
     if limit is None:
         detail += f"; {setting} counts each process's own batches (another loader of this stage is not the layer's)"
-    return rebuild_loader(loader, sampler, loader.batch_size), Guarantee(
-        True, detail, kept if limit is not None else None
-    )
+    guarantee = Guarantee(True, detail, kept if limit is not None else None)
+    return rebuild_loader(loader, sampler, loader.batch_size), guarantee
 
 
 def refuse_several_training_loaders(loader: Any, dp_size: int) -> None:
-    """Refuse a training loader made of several loaders (a CombinedLoader, a dict or list) on several dp ranks.
-
-    Each of its loaders would hand every rank whole batches: the global batch would grow with the world size.
-
-    Raises:
-        UserError: naming the loader's kind, the data-parallel size and the fixes.
-    """
+    """Refuse several training loaders (CombinedLoader...) on several dp ranks: each would grow with the world size."""
     from lightning.pytorch.utilities import CombinedLoader
 
     if dp_size > 1 and isinstance(loader, (CombinedLoader, dict, list, tuple)):

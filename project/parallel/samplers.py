@@ -1,16 +1,8 @@
-"""World-size-invariant batching.
+"""World-size-invariant batching; both samplers subclass ``DistributedSampler`` so that Lightning keeps them.
 
-Training: one seeded permutation per epoch is cut into *global* batches of ``B = b x world_size``;
-rank ``r`` takes the contiguous slice ``[r*b, (r+1)*b)`` of every global batch. The sequence of
-global batches is therefore the same at world size 1, 2 or 4, and DDP's gradient average over
-ranks equals the single-process mean over ``B`` samples. The incomplete last global batch is
-dropped (at every world size alike).
-
-Evaluation: each rank takes one contiguous shard, no padding, so every sample counts exactly once
-(DistributedSampler would repeat samples to even out the shards). A ``limit_*_batches`` narrows what is
-sharded to the dataset's first samples, so a limit means the same samples at any world size.
-
-Both subclass ``DistributedSampler`` so that Lightning keeps them instead of inserting its own.
+Training: one seeded permutation per epoch is cut into *global* batches of ``B = b x world_size``, rank ``r`` taking
+``[r*b, (r+1)*b)`` of each: the same batches at any world size, DDP's average the mean over ``B``. Evaluation: one
+contiguous, unpadded shard per rank, each sample once (DistributedSampler would repeat samples to even the shards).
 """
 
 from __future__ import annotations
@@ -31,16 +23,8 @@ def _check_rank(num_replicas: int, rank: int) -> None:
 class GlobalBatchSampler(DistributedSampler):
     """Training sampler whose global batches do not depend on the world size.
 
-    Args:
-        dataset: Anything with ``len``.
-        batch_size: The per-device batch size ``b``.
-        num_replicas: Data-parallel size (the world size, unless tensor-parallel groups share their data).
-        rank: Data-parallel rank of this process.
-        shuffle: Reshuffle every epoch (seeded by ``seed + epoch``).
-        seed: Base seed of the permutation; the same on every rank.
-        accumulation: Micro-batches per optimizer step: an epoch ends after whole optimizer steps only.
-        with_epoch: Yield ``EpochIndex(epoch, index)`` instead of ``index``, for a dataset whose samples
-            draw their randomness from (seed, epoch, index) (:class:`project.data.augment.SeededAugmentation`).
+    ``batch_size``: the per-device ``b``; ``shuffle``: seeded ``seed + epoch``; an epoch is whole optimizer steps.
+    ``with_epoch``: yield ``EpochIndex(epoch, index)`` for a :class:`project.data.augment.SeededAugmentation`.
     """
 
     def __init__(
@@ -60,11 +44,9 @@ class GlobalBatchSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
         self.batch_size = batch_size
         self.with_epoch = with_epoch
-        #: Samples of one global micro-batch (all ranks' batches side by side); the plan's global batch is per
-        #: optimizer step, ``accumulation`` of these.
+        #: Samples of one global micro-batch (all ranks' batches side by side); a step is ``accumulation`` of them.
         self.samples_per_micro_step = batch_size * num_replicas
         step = self.samples_per_micro_step * accumulation  # samples per optimizer step
-        # Global micro-batches of the epoch, whole optimizer steps only (the same at any world size).
         self.num_global_batches = len(dataset) // step * accumulation
         if self.num_global_batches == 0:
             times = f" x accumulation {accumulation}" if accumulation > 1 else ""
@@ -75,22 +57,17 @@ class GlobalBatchSampler(DistributedSampler):
         # (epoch, global batches already trained on) from a mid-epoch checkpoint; used once.
         self.resume_point: tuple[int, int] | None = None
 
-    def _skip(self) -> int:
-        if self.resume_point is not None and self.resume_point[0] == self.epoch:
-            return self.resume_point[1]
-        return 0
-
     def _order(self) -> torch.Tensor:
         if not self.shuffle:
             return torch.arange(len(self.dataset))
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
         return torch.randperm(len(self.dataset), generator=generator)
 
     def __iter__(self) -> Iterator[int | EpochIndex]:
         """Yield this rank's indices, global batch after global batch."""
         order = self._order()
-        skip, self.resume_point = self._skip(), None
+        skip = self.resume_point[1] if self.resume_point and self.resume_point[0] == self.epoch else 0
+        self.resume_point = None
         start, stop = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
         for k in range(skip, self.num_global_batches):
             indices = order[k * self.samples_per_micro_step :][start:stop].tolist()
@@ -102,24 +79,12 @@ class GlobalBatchSampler(DistributedSampler):
         return [EpochIndex(self.epoch, i) for i in indices] if self.with_epoch else indices
 
     def __len__(self) -> int:
-        """Samples of a whole epoch on this rank, also while a resumed epoch skips its first batches.
-
-        Lightning counts a resumed epoch's batches on from where it stopped, against this full length;
-        ``__iter__`` yields only the batches not trained on yet.
-        """
+        """Samples of a whole epoch on this rank, in a resumed one too (Lightning counts on from where it stopped)."""
         return self.num_global_batches * self.batch_size
 
 
 class EvalShardSampler(DistributedSampler):
-    """Evaluation sampler: contiguous, unpadded shards, so each sample is seen exactly once.
-
-    Args:
-        dataset: Anything with ``len``.
-        num_replicas: Data-parallel size (the world size, unless tensor-parallel groups share their data).
-        rank: Data-parallel rank of this process.
-        num_samples: Shard only the dataset's first ``num_samples`` samples (a ``limit_*_batches``,
-            :mod:`project.parallel.limits`); ``None``: all of them.
-    """
+    """Evaluation sampler: contiguous, unpadded shards of the first ``num_samples`` (all), each sample once."""
 
     def __init__(self, dataset: Sized, num_replicas: int = 1, rank: int = 0, num_samples: int | None = None) -> None:
         _check_rank(num_replicas, rank)

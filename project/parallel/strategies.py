@@ -1,8 +1,7 @@
 """The Trainer's strategy built from the plan's row, inside the ranks (the table itself is pure: ``project.plan``).
 
-A row names its builder by import path (``module:function``); the builder gets the arguments the plan shows, the
-process-group backend and the plan's :class:`~project.plan.layout.Layout`. Callbacks, checkpoints and export ask
-:func:`row_of` what the running strategy does, and :func:`layout_of` its degrees, instead of sniffing wrappers.
+A row names its builder (``module:function``), which gets the plan's arguments, backend and Layout. Callbacks,
+checkpoints and export ask :func:`row_of` what the running strategy does and :func:`layout_of` its degrees.
 """
 
 from __future__ import annotations
@@ -14,8 +13,7 @@ from project.plan.layout import Layout
 from project.plan.resolve import Plan
 from project.plan.strategies import STRATEGIES, StrategyRow
 
-#: The row of a run whose strategy is not the template's (``parallel: null``), by its Lightning class (a row's
-#: ``lightning_class``, the first match in the class's method resolution order); any other strategy shards nothing.
+#: The row of a strategy the template did not build (``parallel: null``), by its Lightning class; else unsharded.
 LIGHTNING_ROWS = {row.lightning_class: row for row in STRATEGIES.values() if row.lightning_class is not None}
 UNSHARDED = STRATEGIES["ddp"]
 #: The attribute a strategy built from a row carries its row name in, and the one it carries its layout in.
@@ -29,10 +27,7 @@ def build_auto(args: dict[str, Any], backend: str | None, layout: Layout) -> Any
 
 
 def build_strategy(plan: Plan) -> Any:
-    """The Trainer's ``strategy`` for ``plan``, from its row's builder.
-
-    For a launcher Lightning does not detect, the strategy gets the cluster environment that reads its ranks.
-    """
+    """The Trainer's ``strategy`` for ``plan``, from its row's builder (and the plan's cluster environment, if any)."""
     strategy = import_object(plan.row.build)(plan.strategy_args, plan.backend, plan.layout)
     if not isinstance(strategy, str):
         setattr(strategy, ROW_ATTRIBUTE, plan.strategy)
@@ -56,19 +51,11 @@ def trainer_kwargs(plan: Plan) -> dict[str, Any]:
 
 
 def row_of(strategy: Any) -> StrategyRow:
-    """What the running strategy does: its row when the template built it, else the row of its Lightning class.
-
-    A strategy given as ``trainer.strategy`` (``parallel: null``) acts like the row that names its Lightning class:
-    Lightning's ``ModelParallelStrategy`` shards like the sharding layer's ``fsdp`` row (its module's
-    ``configure_model`` applies ``fully_shard``).
-    """
+    """What the running strategy does: its row when the template built it, else the row of its Lightning class."""
     name = getattr(strategy, ROW_ATTRIBUTE, None)
     if name in STRATEGIES:
         return STRATEGIES[name]
-    for cls in type(strategy).__mro__:
-        if cls.__name__ in LIGHTNING_ROWS:
-            return LIGHTNING_ROWS[cls.__name__]
-    return UNSHARDED
+    return next((LIGHTNING_ROWS[c.__name__] for c in type(strategy).__mro__ if c.__name__ in LIGHTNING_ROWS), UNSHARDED)
 
 
 def built_from_plan(strategy: Any) -> bool:
@@ -77,19 +64,11 @@ def built_from_plan(strategy: Any) -> bool:
 
 
 def layout_of(trainer: Any) -> Layout:
-    """The running layout: the plan's when the template built the strategy, else read from Lightning's strategy.
-
-    A strategy given as ``trainer.strategy`` (``parallel: null``) is data parallel over every process, but for the
-    tensor-parallel dimension of a Lightning ``ModelParallelStrategy``'s device mesh.
-    """
-    strategy = trainer.strategy
-    layout = getattr(strategy, LAYOUT_ATTRIBUTE, None)
-    if isinstance(layout, Layout):
+    """The running layout: the plan's, else a user's strategy's (data parallel but for a tensor-parallel mesh)."""
+    if isinstance(layout := getattr(trainer.strategy, LAYOUT_ATTRIBUTE, None), Layout):
         return layout
-    mesh = getattr(strategy, "device_mesh", None)
+    mesh = getattr(trainer.strategy, "device_mesh", None)
     names = (mesh.mesh_dim_names or ()) if mesh is not None else ()
     tp = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
     world, nodes = max(trainer.world_size, 1), max(trainer.num_nodes, 1)
-    return Layout(
-        "trainer.strategy", str(trainer.accelerator.__class__.__name__), world // nodes, nodes, world // tp, tp=tp
-    )
+    return Layout("trainer.strategy", trainer.accelerator.__class__.__name__, world // nodes, nodes, world // tp, tp=tp)

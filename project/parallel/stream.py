@@ -1,16 +1,8 @@
 """World-size-invariant batching for a stream (an ``IterableDataset``): the same global batches at any world size.
 
-A stream has no indices to sample, so every rank reads it, in the same order, and keeps only its share: the stream
-is cut into optimizer steps of ``b x world_size x accumulation`` samples, each step into micro-steps of
-``b x world_size``, and rank ``r`` takes the slice ``[r*b, (r+1)*b)`` of each micro-step, as
-:class:`~project.parallel.samplers.GlobalBatchSampler` does for a map-style dataset. No sample is trained on twice,
-the global batches are the same at world size 1, 2 or 4, and a tail shorter than one optimizer step is dropped at
-every world size alike.
-
-Resuming mid-epoch skips the global micro-batches already trained on. A stream with ``state_dict`` /
-``load_state_dict`` is put back in its state at the start of the epoch first, so the skip is exact; a stream
-without them is read again from its start, which is exact when it yields the same samples each time it is
-iterated (the run says so in one line).
+A stream has no indices, so every rank reads all of it and keeps ``[r*b, (r+1)*b)`` of each micro-step of
+``b x world_size`` samples, as GlobalBatchSampler does. A mid-epoch resume skips the micro-batches trained on: exactly
+with ``state_dict``/``load_state_dict``, else re-read from its start (exact if it yields the same samples again).
 """
 
 from __future__ import annotations
@@ -28,15 +20,7 @@ def is_stateful(stream: Any) -> bool:
 
 
 class GlobalBatchStream(IterableDataset):
-    """This rank's share of each global batch of ``stream``.
-
-    Args:
-        stream: The user's ``IterableDataset`` (read whole by every rank, in the same order).
-        batch_size: The per-device batch size ``b``.
-        num_replicas: The data-parallel world size.
-        rank: This process's data-parallel rank.
-        accumulation: Micro-batches per optimizer step: an epoch ends after whole optimizer steps only.
-    """
+    """This rank's ``batch_size`` samples of each global micro-batch of ``stream``, whole optimizer steps only."""
 
     def __init__(
         self, stream: IterableDataset, batch_size: int, num_replicas: int = 1, rank: int = 0, accumulation: int = 1
@@ -46,10 +30,7 @@ class GlobalBatchStream(IterableDataset):
                 f"batch_size={batch_size}, accumulation={accumulation} must be >= 1 and rank={rank} in "
                 f"[0, {num_replicas})"
             )
-        self.stream = stream
-        self.batch_size = batch_size
-        self.num_replicas = num_replicas
-        self.rank = rank
+        self.stream, self.batch_size, self.num_replicas, self.rank = stream, batch_size, num_replicas, rank
         self.accumulation = accumulation
         #: Global micro-batches of the next epoch to skip (a mid-epoch resume); used once.
         self.skip_batches = 0
@@ -71,9 +52,8 @@ class GlobalBatchStream(IterableDataset):
         micro, step = self.samples_per_micro_step, self.samples_per_micro_step * self.accumulation
         source = iter(self.stream)
         skip, self.skip_batches = self.skip_batches, 0
-        if skip:
-            for _ in islice(source, skip * micro):
-                pass
+        for _ in islice(source, skip * micro):
+            pass
         start, end = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
         while True:
             chunk = list(islice(source, step))

@@ -1,8 +1,7 @@
 """CPU threads per process: the machine's cores shared among the processes of one node, never oversubscribed.
 
-torch gives each process as many intra-op threads as the machine has cores, so N CPU processes on C cores run
-N x C threads: on a loaded 2-core machine one digits run took 76-116 s instead of 12 s with its share. Each rank
-takes ``cores // processes`` threads (at least 1) unless ``parallel.cpu_threads`` or ``OMP_NUM_THREADS`` says.
+torch gives each process a thread per core, so N processes on C cores run N x C threads (a 2-core digits run: 76-116 s
+instead of 12 s). Each rank takes ``cores // processes`` unless ``parallel.cpu_threads`` or ``OMP_NUM_THREADS`` says.
 """
 
 from __future__ import annotations
@@ -24,11 +23,7 @@ def available_cores() -> int:
 
 
 def threads_per_process(processes: int, cores: int, asked: int | None) -> int:
-    """Intra-op threads for each of ``processes`` on ``cores``: ``asked``, else an even share (at least 1).
-
-    Raises:
-        UserError: ``asked`` is below 1.
-    """
+    """Intra-op threads for each of ``processes`` on ``cores``: ``asked`` (at least 1), else an even share."""
     if asked is not None and asked < 1:
         raise UserError(f"parallel.cpu_threads={asked} must be >= 1 (or null: the cores shared among the processes)")
     return asked if asked is not None else max(1, cores // max(1, processes))
@@ -49,6 +44,5 @@ def apply_cpu_threads(processes: int, asked: int | None, rank: int) -> None:
     cores = available_cores()
     if asked is not None or "OMP_NUM_THREADS" not in os.environ:  # a user's OMP_NUM_THREADS stands
         torch.set_num_threads(threads_per_process(processes, cores, asked))
-    warning = oversubscription(processes, cores)
-    if warning is not None and rank == 0:
+    if rank == 0 and (warning := oversubscription(processes, cores)) is not None:
         sys.stderr.write(warning + "\n")
