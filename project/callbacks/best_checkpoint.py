@@ -1,10 +1,7 @@
 """The best weights by a validation metric: Lightning's ``ModelCheckpoint`` without its work on every step.
 
-``ModelCheckpoint`` runs its step and time triggers after every training batch even when it has none
-(it saves by a validation metric, after validation), and Lightning rebuilds its ``state_key`` (a dict's
-repr) around each of the six hooks it calls on every callback each step: about 20 us a step on a CPU,
-1.5 % of a small model's step. :class:`BestCheckpoint` takes no step or time trigger, so it has nothing
-to do per step, and builds its key once. Everything else is ``ModelCheckpoint``'s.
+``ModelCheckpoint`` runs its step/time triggers after every batch even with none set and rebuilds its ``state_key``
+around six hooks a step (about 20 us, 1.5 % of a small model's step); this one has no such trigger and one key.
 """
 
 from __future__ import annotations
@@ -66,11 +63,9 @@ class BestCheckpoint(ModelCheckpoint):
 
 
 def best_checkpoint_path(trainer: L.Trainer) -> str | None:
-    """The best checkpoint by a validation metric: the first monitoring ``ModelCheckpoint``'s, once it saved one.
+    """The first monitoring ``ModelCheckpoint``'s best file, or ``None`` (nothing monitors, or nothing saved yet).
 
-    The template's own choice, named to Lightning as a path: ``ckpt_path="best"`` takes the first
-    ``ModelCheckpoint`` of any kind (``last.ckpt``'s :class:`TimedCheckpoint` is one too) and warns that there are
-    several. ``None`` when nothing monitors a metric or nothing was saved by one.
+    Lightning's ``ckpt_path="best"`` would take the first ``ModelCheckpoint`` of any kind (:class:`TimedCheckpoint`).
     """
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.monitor is not None and callback.best_model_path:

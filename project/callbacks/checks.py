@@ -1,12 +1,8 @@
-"""Checks that need the user's module to run once: every monitored metric is really logged.
+"""Refuse, before training, a monitored metric that validation never logs (it would fail after a whole epoch).
 
-A ``ModelCheckpoint(monitor="val/acc")`` or ``EarlyStopping`` whose metric the module never logs fails only
-when it first saves, after a whole epoch, with a traceback. The sanity check (Lightning's validation pass
-before training) shows which metrics validation logs, so the mistake is one line before training instead.
-Monitors whose name starts with ``train`` are metrics of the training steps, which the sanity check cannot
-see; they are left to Lightning. With several validation loaders Lightning names each loader's metric
-``<name>/dataloader_idx_<i>``, and only from the first real validation on: such a monitor is proven by the
-sanity check's own record of what each loader logged.
+The sanity check shows what validation logs. Monitors named ``train...`` are left to Lightning. With several
+validation loaders the metric is ``<name>/dataloader_idx_<i>``, which Lightning names only from the first real
+validation on: the sanity check's own record of what each loader logged proves those.
 """
 
 from __future__ import annotations
@@ -31,11 +27,8 @@ def monitored(trainer: L.Trainer) -> list[tuple[str, str]]:
 def validates(trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
     """Whether this fit has validation to run: a ``validation_step``, a validation loader, batches not limited to 0."""
     source = trainer.datamodule if trainer.datamodule is not None else pl_module
-    return (
-        is_overridden("validation_step", pl_module)
-        and is_overridden("val_dataloader", source)
-        and trainer.limit_val_batches != 0
-    )
+    overridden = is_overridden("validation_step", pl_module) and is_overridden("val_dataloader", source)
+    return overridden and trainer.limit_val_batches != 0
 
 
 def logged_in_validation(trainer: L.Trainer) -> list[str]:
@@ -48,11 +41,7 @@ def logged_in_validation(trainer: L.Trainer) -> list[str]:
 
 
 class MonitoredMetricsCheck(L.Callback):
-    """Refuse, after the sanity check and before training, a monitored metric that validation never logs.
-
-    At the end of a fit whose validation never ran (``val_check_interval`` beyond the steps trained), say so in one
-    line: no validation metric was logged, and nothing monitored one.
-    """
+    """Refuse, after the sanity check, a monitored metric validation never logs; note a fit that never validated."""
 
     def __init__(self) -> None:
         self.validated = False

@@ -1,13 +1,8 @@
 """Every rank's random state in each checkpoint, and one checkpoint for all ranks: for an exact resume.
 
-Lightning saves weights, optimizer, schedulers, loop progress and callback states, but not the
-random number generators: after a resume, dropout (or anything random in ``training_step``) would
-draw different numbers than the uninterrupted run. This callback stores the generators of every
-rank (torch, CUDA, numpy, Python) in each checkpoint and puts them back just before the first
-resumed step, after Lightning has built the data iterator (which may draw a seed from them).
-
-It also stops a run whose ranks would resume from different files, e.g. nodes that do not share the
-``logs/`` folder, with one line instead of silently diverging ranks.
+Lightning saves no random generators, so after a resume dropout would draw other numbers than the uninterrupted run.
+They are put back just before the first resumed step, after Lightning built the data iterator (which may draw a
+seed from them). Ranks that would resume from different files (nodes not sharing ``logs/``) are refused.
 """
 
 from __future__ import annotations
@@ -58,20 +53,8 @@ def derived_seed(step: int, rank: int) -> int:
     return (step * 1_000_003 + rank * 7_919 + 1) % 2**32
 
 
-def _seed_all(seed: int) -> None:
-    torch.manual_seed(seed)  # CUDA too
-    np.random.seed(seed)
-    random.seed(seed)
-
-
 class RandomStateCallback(L.Callback):
-    """Save and restore every rank's random state; check that all ranks resume from the same checkpoint.
-
-    The CLI adds it to every run (:func:`project.callbacks.template_callbacks`).
-
-    Args:
-        ckpt_path: The checkpoint this process was told to start from (``None``: a new run).
-    """
+    """Save and restore every rank's random state; check that all ranks resume from ``ckpt_path`` (``None``: new)."""
 
     def __init__(self, ckpt_path: str | None = None) -> None:
         self.ckpt_path = ckpt_path
@@ -91,26 +74,24 @@ class RandomStateCallback(L.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         """The random state of every rank (a collective: Lightning dumps checkpoints on all ranks)."""
-        trainer = self._trainer
-        return {"rng": gather_objects(_rng_state()) if trainer is not None else [_rng_state()]}
+        return {"rng": gather_objects(_rng_state()) if self._trainer is not None else [_rng_state()]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the saved random states until training starts."""
         self._to_restore = state_dict.get("rng")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Put this rank's saved generators back, right before the first resumed step.
-
-        On another world size there is no saved state per rank: each rank's generators are seeded from
-        the step and the rank instead (the data order does not depend on them: see the loader callback).
-        """
+        """Put this rank's saved generators back; on another world size, seed them from the step and the rank."""
         states, self._to_restore = self._to_restore, None
         if not states:
             return
         if len(states) == trainer.world_size:
             _set_rng_state(states[trainer.global_rank])
             return
-        _seed_all(derived_seed(trainer.global_step, trainer.global_rank))
+        seed = derived_seed(trainer.global_step, trainer.global_rank)
+        torch.manual_seed(seed)  # CUDA too
+        np.random.seed(seed)
+        random.seed(seed)
         if trainer.is_global_zero:
             sys.stderr.write(
                 f"warning: resuming a checkpoint of {len(states)} process(es) on {trainer.world_size}: the data "

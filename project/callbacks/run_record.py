@@ -16,12 +16,7 @@ from project.runs import run_directory
 
 
 class RunRecordCallback(L.Callback):
-    """Record the resolved parallel plan, the Trainer's runtime layout and the loaders' guarantees as ``plan.json``.
-
-    Args:
-        state: The run's state: its plan (resolved with the data batch size) and the guarantees of the loaders
-            the layer installed; no plan with ``parallel: null`` (plain Lightning layout).
-    """
+    """Record the run's plan (none with ``parallel: null``), the runtime layout and the loaders' guarantees."""
 
     def __init__(self, state: RunState | None = None) -> None:
         self.state = state if state is not None else RunState()
