@@ -1,7 +1,4 @@
-"""Callbacks: the seed's barrier and ``model.module`` unwrapping (chosen in the config), and the template's own.
-
-:func:`template_callbacks` adds the template's to every run; each layer's (project/extras/) come after them.
-"""
+"""Callbacks: the seed's barrier and unwrapping, chosen in the config, and the template's own on every run."""
 
 from __future__ import annotations
 
@@ -43,12 +40,7 @@ def template_callbacks(
     progress_bar: bool,
     stop: StopOnSignal | None = None,
 ) -> list[Callback]:
-    """The callbacks every run gets, in the order they must run (the loaders before the record of them).
-
-    ``loaders`` is ``None`` with ``parallel: null``; ``ckpt_path`` is this process's start, which every rank must
-    share; ``progress_bar`` adds :class:`ProgressBar` (the config names none and does not turn it off).
-    """
-    own: list[Callback] = [loaders] if loaders is not None else []
-    own += [RunRecordCallback(state), RandomStateCallback(ckpt_path), MonitoredMetricsCheck(), UnusedParametersCheck()]
-    own += [stop] if stop is not None else []
-    return [*own, ProgressBar()] if progress_bar else own
+    """The callbacks every run gets, in the order they must run (the loaders before the record of them)."""
+    own = [loaders, RunRecordCallback(state), RandomStateCallback(ckpt_path), MonitoredMetricsCheck()]
+    own += [UnusedParametersCheck(), stop, ProgressBar() if progress_bar else None]
+    return [callback for callback in own if callback is not None]

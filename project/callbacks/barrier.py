@@ -1,7 +1,6 @@
 """The seed's ``synchronize()`` at chosen points of a run: a named barrier that never hangs silently.
 
-:func:`project.parallel.ddp.synchronize` names the ranks missing after ``timeout_s``; each rank's wait is gathered
-and the slowest and fastest logged (``barrier/<point>/wait_s_max``, ``..._min``), so stragglers show in TensorBoard.
+The ranks missing after ``timeout_s`` are named; the slowest and fastest waits are logged, so stragglers show.
 """
 
 from __future__ import annotations
@@ -39,9 +38,8 @@ class BarrierCallback(L.Callback):
     def _barrier(self, trainer: L.Trainer, point: str) -> None:
         if point not in self.points or trainer.world_size == 1:
             return
-        waited = synchronize(point, self.timeout_s)
         # Every rank takes part in the gather; only rank 0 writes.
-        waits = gather_ranks(trainer, torch.tensor(waited, dtype=torch.float64))
+        waits = gather_ranks(trainer, torch.tensor(synchronize(point, self.timeout_s), dtype=torch.float64))
         low, high = float(waits.min()), float(waits.max())
         self.history.append((point, low, high))
         if self.log_waits and trainer.is_global_zero and trainer.logger is not None:

@@ -1,8 +1,7 @@
 """Refuse, before training, a monitored metric that validation never logs (it would fail after a whole epoch).
 
-The sanity check shows what validation logs. Monitors named ``train...`` are left to Lightning. With several
-validation loaders the metric is ``<name>/dataloader_idx_<i>``, which Lightning names only from the first real
-validation on: the sanity check's own record of what each loader logged proves those.
+The sanity check shows what validation logs (``train...`` monitors are left to Lightning). With several loaders,
+``<name>/dataloader_idx_<i>`` exists only from the first real validation on: the sanity check's record proves it.
 """
 
 from __future__ import annotations
@@ -17,11 +16,9 @@ from project.lightning_private import logged_per_loader
 
 def monitored(trainer: L.Trainer) -> list[tuple[str, str]]:
     """(callback name, metric) of every checkpoint and early-stopping callback that monitors a metric."""
-    found = []
-    for callback in trainer.callbacks:
-        if isinstance(callback, (ModelCheckpoint, EarlyStopping)) and getattr(callback, "monitor", None):
-            found.append((type(callback).__name__, str(callback.monitor)))
-    return found
+    kinds = (ModelCheckpoint, EarlyStopping)
+    watching = [c for c in trainer.callbacks if isinstance(c, kinds) and getattr(c, "monitor", None)]
+    return [(type(c).__name__, str(c.monitor)) for c in watching]
 
 
 def validates(trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
@@ -43,8 +40,7 @@ def logged_in_validation(trainer: L.Trainer) -> list[str]:
 class MonitoredMetricsCheck(L.Callback):
     """Refuse, after the sanity check, a monitored metric validation never logs; note a fit that never validated."""
 
-    def __init__(self) -> None:
-        self.validated = False
+    validated = False  # a real validation ran in this fit
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Count this fit's validations from here (the sanity check is not one)."""

@@ -1,7 +1,6 @@
 """Per-batch hooks a callback does not override cost nothing: Lightning skips a hook that is not callable.
 
-Lightning's dispatch costs about a microsecond per hook per callback per batch even for :class:`lightning.Callback`'s
-empty defaults: some 70 us a training step over a dozen callbacks, a twentieth of a small model's step on a CPU.
+Dispatching an empty default costs about a microsecond: some 70 us a step over a dozen callbacks, on a CPU.
 """
 
 from __future__ import annotations
@@ -20,16 +19,21 @@ TRAIN_STEP_HOOKS = (
     "on_train_batch_end",
 )
 #: The hooks Lightning calls once per batch (training, validation, test and predict loops).
-BATCH_HOOKS = TRAIN_STEP_HOOKS + tuple(
-    f"on_{loop}_batch_{when}" for loop in ("validation", "test", "predict") for when in ("start", "end")
+BATCH_HOOKS = (
+    *TRAIN_STEP_HOOKS,
+    "on_validation_batch_start",
+    "on_validation_batch_end",
+    "on_test_batch_start",
+    "on_test_batch_end",
+    "on_predict_batch_start",
+    "on_predict_batch_end",
 )
 
 
 def skip_idle_batch_hooks(callbacks: Iterable[Callback]) -> int:
     """Make Lightning skip each callback's per-batch hooks that are :class:`~lightning.Callback`'s empty defaults.
 
-    Returns how many. A hook the instance holds itself is left alone. Relies on Lightning's dispatch testing
-    ``callable(hook)`` (``project.lightning_private`` item 4).
+    Returns how many; a hook the instance holds itself is kept (``project.lightning_private`` item 4).
     """
     skipped = 0
     for callback in callbacks:

@@ -1,10 +1,9 @@
 """Installs the parallel layer's samplers on whatever loaders the datamodule (or the module) returns.
 
 Lightning has no public hook that transforms a datamodule's loaders, so this wraps its ``*_dataloader`` hooks on the
-instance: each loader comes back with the seed's DistributedSampler (:mod:`project.parallel.ddp`). At ``setup`` it
-builds the training loader once and resolves the plan with its batch size, refusing what cannot work before anything
-is trained. It records how far into the epoch training got, so a mid-epoch resume skips exactly the global batches
-already trained on. ``limit_*_batches`` keep the same samples at any world size (:mod:`project.parallel.limits`).
+instance. At ``setup`` it builds the training loader once and resolves the plan with its batch size, refusing what
+cannot work before anything is trained. It records the epoch's position, so a mid-epoch resume skips exactly the
+global batches already trained on (``limit_*_batches``: :mod:`project.parallel.limits`).
 """
 
 from __future__ import annotations
@@ -48,8 +47,7 @@ def _listed(loaders: Any) -> list[Any]:
 class LoaderGuaranteesCallback(L.Callback):
     """World-size-invariant training batches and exactly-once, ordered evaluation for any datamodule.
 
-    ``run_seed`` seeds the training permutation of a loader without a generator; ``resuming`` is this callback's
-    state in the checkpoint the run starts from (checked at ``setup``).
+    ``run_seed`` seeds a loader without a generator; ``resuming``: this callback's state in the starting checkpoint.
     """
 
     def __init__(self, state: RunState, run_seed: int = 0, resuming: dict[str, Any] | None = None) -> None:
@@ -132,7 +130,6 @@ class LoaderGuaranteesCallback(L.Callback):
 
     def _record(self, stage: str, guarantee: Guarantee, trainer: L.Trainer) -> None:
         self.state.guarantees[stage] = guarantee.to_dict()
-        # One line per stage, once, and only where the layout makes it matter.
         if not guarantee.held and trainer.world_size > 1 and stage not in self._said and trainer.is_global_zero:
             self._said.add(stage)
             sys.stderr.write(f"warning: {guarantee.detail}\n")

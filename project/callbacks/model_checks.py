@@ -1,8 +1,6 @@
 """What a LightningModule does that its layout cannot run, said in one line before it costs a traceback.
 
-Lightning's or torch's own error would come from every rank, mid-training, or name a setting the ``parallel``
-section refuses: parameters DDP waits for in vain, manual optimization with accumulation, StochasticWeightAveraging
-on sharded parameters, a ``training_step`` that returns None on several processes.
+Lightning's or torch's error would come from every rank mid-training, or name a setting ``parallel`` refuses.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ def _ddp_needing_every_gradient(trainer: L.Trainer) -> DistributedDataParallel |
 def unused_parameters_problem(trainer: L.Trainer, pl_module: L.LightningModule) -> UnusedParametersError | None:
     """After the first backward: the error for trainable parameters DDP would wait for in vain, else ``None``.
 
-    Only under automatic optimization: a manual ``training_step`` may call backward on parts of the model that add
-    up to the whole within the step.
+    Only under automatic optimization (a manual step may backward parts of the model that add up within the step).
     """
     ddp = _ddp_needing_every_gradient(trainer)
     if ddp is None or not pl_module.automatic_optimization:
@@ -74,8 +71,7 @@ def refuse_manual_accumulation(
 ) -> None:
     """Refuse (``UserError``) gradient accumulation for a module that optimizes manually, naming the setting.
 
-    ``accumulation`` is the Trainer's micro-batches per step; ``settings`` the ``parallel`` section (``None``: plain
-    Lightning); a ``plan`` whose steps a layer splits (``micro_batch: auto``) accumulates too.
+    ``settings``: the ``parallel`` section (``None``: plain Lightning); a plan split in-step accumulates too.
     """
     if model is None or model.automatic_optimization:
         return

@@ -1,11 +1,9 @@
 """A signal to any rank stops every rank at the same optimizer step, saves that step, and exits for a requeue.
 
-Clusters stop jobs by signal (docs/reliability.md, Preemption). The handler only notes the signal (the rank may be
-inside a store call or a collective); the ranks agree on the stop step out of band
-(:class:`project.parallel.stop.StopChannel`), so a step costs one read of an int instead of Lightning's broadcast
-before every step. At that step every rank saves, waits for its writes, meets the others once and raises
-:class:`~project.errors.Preempted` (exit code 75: resumable by ``fit --resume auto``); past the grace period the
-process ends with 75 anyway. A repeated signal changes nothing (SLURM signals twice); Ctrl+C twice interrupts.
+The handler only notes the signal (the rank may be inside a store call or a collective); the ranks agree on the
+stop step out of band (:class:`project.parallel.stop.StopChannel`): a step costs one read of an int, not
+Lightning's broadcast before every step. The stop raises :class:`~project.errors.Preempted` (exit code 75,
+resumable); past the grace period the process ends with 75 anyway (docs/reliability.md, Preemption).
 """
 
 from __future__ import annotations
@@ -29,13 +27,11 @@ from project.parallel.stop import STEPS_AHEAD, StopChannel
 class StopOnSignal(L.Callback):
     """Stop every rank at the same step on a signal, save it, and exit with the "preempted, resumable" code.
 
-    Constructing it takes over ``signals`` (names, e.g. ``SIGTERM``) in this process for good
-    (:mod:`project.launch.stop_signals`); ``grace_s``: seconds from the first signal to the process's end, saved or not.
+    Takes over ``signals`` (e.g. ``SIGTERM``) for good; the process ends ``grace_s`` after the first, saved or not.
     """
 
     def __init__(self, signals: list[str], grace_s: float) -> None:
-        self.signals = [signal.Signals[name] for name in signals]
-        self.grace_s = grace_s
+        self.signals, self.grace_s = [signal.Signals[name] for name in signals], grace_s
         self._step, self._rank = 0, 0  # optimizer steps completed on this rank (read by the handler), its rank
         self._noted: tuple[int, str] | None = None  # this rank's own signal: (its step, what)
         self._channel: StopChannel | None = None
@@ -96,10 +92,7 @@ class StopOnSignal(L.Callback):
     def _stop_step(self) -> tuple[int, str] | None:
         if self._channel is not None:
             return self._channel.agreed
-        if self._noted is not None:  # one process: finish the step it is in
-            step, why = self._noted
-            return step + 1, why
-        return None
+        return (self._noted[0] + 1, self._noted[1]) if self._noted is not None else None  # one process: finish its step
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -139,10 +132,7 @@ def newest_checkpoint(folder: str) -> str:
 
 
 def stopped_by_signal(error: BaseException, trainer: L.Trainer, restored: str | None) -> Preempted | None:
-    """This rank's stop outside the training steps (``error`` is its :class:`StopSignal`, or came after it).
-
-    ``restored``: the checkpoint the run started from (``None``: a new run).
-    """
+    """This rank's stop outside the training steps, else ``None`` (``restored``: the checkpoint it started from)."""
     phase = stop_signals.raised_in()
     if phase is None or isinstance(error, Preempted):
         return None

@@ -1,8 +1,6 @@
 """The template's progress bar: Lightning's rich bar, redrawn a few times a second instead of every batch.
 
-``RichProgressBar`` re-reads every metric after each batch and redraws up to 100 times a second holding the GIL: a
-sizeable share of a small model's step. This does that at most ``refresh_per_s`` times a second (and at a loop's
-first and last batch).
+``RichProgressBar``'s per-batch metric reads and up to 100 redraws a second (holding the GIL) slow a small model.
 """
 
 from __future__ import annotations

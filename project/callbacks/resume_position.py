@@ -9,10 +9,7 @@ from project.plan.resolve import Plan
 
 
 def check_resumable(resuming: dict[str, Any] | None, plan: Plan | None) -> None:
-    """Refuse (``UserError``) a resume whose accumulation or global batch differ from the checkpoint's.
-
-    ``resuming`` is the loader callback's state in the checkpoint, ``plan`` the run's with the data batch applied.
-    """
+    """Refuse (``UserError``) a resume whose accumulation or global batch differ from the checkpoint's."""
     saved, saved_accumulation = (resuming or {}).get("global_batch_size"), (resuming or {}).get("accumulation", 1)
     # What the loader accumulates: where a layer splits whole steps itself (micro_batch auto), 1.
     accumulation = plan.loader_batches[1] if plan is not None else None

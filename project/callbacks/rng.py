@@ -1,8 +1,7 @@
 """Every rank's random state in each checkpoint, and one checkpoint for all ranks: for an exact resume.
 
-Lightning saves no random generators, so after a resume dropout would draw other numbers than the uninterrupted run.
-They are put back just before the first resumed step, after Lightning built the data iterator (which may draw a
-seed from them). Ranks that would resume from different files (nodes not sharing ``logs/``) are refused.
+Lightning saves no random generators, so a resumed dropout would draw other numbers than the uninterrupted run.
+They are put back after Lightning built the data iterator (which may draw a seed from them).
 """
 
 from __future__ import annotations
@@ -19,10 +18,6 @@ from project.errors import UserError
 from project.parallel.collectives import gather_objects
 
 
-def _bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.numpy().tobytes()
-
-
 def _tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
@@ -31,8 +26,8 @@ def _rng_state() -> dict[str, Any]:
     """This process's generators as plain values: they travel between ranks as objects and load with weights_only."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {
-        "torch": _bytes(torch.get_rng_state()),
-        "cuda": [_bytes(state) for state in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+        "torch": torch.get_rng_state().numpy().tobytes(),
+        "cuda": [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
         "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
         "python": random.getstate(),
     }

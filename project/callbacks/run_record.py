@@ -58,8 +58,7 @@ class RunRecordCallback(L.Callback):
             # Lightning's own launcher detection (Lightning-, TorchElastic- or SLURMEnvironment).
             "cluster_environment": type(cluster).__name__ if cluster is not None else None,
         }
-        styles = getattr(trainer.strategy, "tensor_styles", None)
-        if styles:  # what tensor parallelism split, as applied in this run
+        if styles := getattr(trainer.strategy, "tensor_styles", None):  # what tensor parallelism split, in this run
             record["runtime"]["tensor_parallel"] = dict(styles)
         if plan is None:
             record["world_size"] = trainer.world_size

@@ -1,10 +1,9 @@
 """``last.ckpt`` every ``every_s`` seconds of training, at every epoch end and at the final step (docs/checkpoints.md).
 
-A crash costs time, not steps, so this saves by the clock. A save is collective, so DDP ranks must save at the same
-step, but each has its own clock: instead of Lightning's broadcast after every step (``train_time_interval``) the
-ranks agree in advance on the step of the next check (:class:`SaveSchedule`). An epoch end is saved after the next
-epoch's first optimizer step: in ``on_train_epoch_end`` (``ModelCheckpoint``'s place) Lightning 2.6 has not counted
-the epoch completed nor stepped its schedulers, and a resume from there skips an epoch's steps.
+A crash costs time, not steps. A save is collective but each rank has its own clock: rather than Lightning's
+broadcast after every step, the ranks agree in advance on the step of the next check (:class:`SaveSchedule`). An
+epoch end is saved after the next epoch's first optimizer step: in ``on_train_epoch_end`` Lightning 2.6 has not
+counted the epoch completed nor stepped its schedulers, and a resume from there would skip an epoch's steps.
 """
 
 from __future__ import annotations
@@ -58,8 +57,6 @@ class SaveSchedule:
 class TimedCheckpoint(ModelCheckpoint):
     """A ``ModelCheckpoint`` of the latest weights: every ``every_s`` seconds, every epoch, at the final step.
 
-    The final step is always saved, so ``--ckpt_path last`` and ``--resume auto`` are a finished fit's last weights.
-
     Args:
         every_s: Seconds of training (wall clock, validation included) between saves; ``None``: not by time.
             A run killed at any moment loses at most about this much work (docs/checkpoints.md).
@@ -98,11 +95,9 @@ class TimedCheckpoint(ModelCheckpoint):
         self.every_s, self.every_n_steps = every_s, every_n_steps
         self.schedule = SaveSchedule(every_s) if every_s is not None else None
         self._seen_step, self._start_step, self._next_check = -1, 0, 0
-        self._active = True  # False under fast_dev_run (no checkpoints, as ModelCheckpoint)
+        self._active, self._one_process = True, True  # at on_train_start: not fast_dev_run (as ModelCheckpoint), 1 rank
         self._epoch_end_due = False  # an epoch ended whose save waits for the next epoch's first step
-        self._one_process = True
-        # Built once (ModelCheckpoint's is a dict repr built around every hook, each step); the file alone names
-        # it, so that changing the interval keeps the state.
+        # Built once, from the file alone: changing the interval keeps the state.
         self._state_key = state_key(self, filename=filename)
 
     @property

@@ -1,8 +1,7 @@
 """The seed's ``model = model.module`` for evaluation.
 
-During ``fit`` Lightning validates through the DDP wrapper; this evaluates the bare module, every rank holding rank
-0's buffers (exactly the model checkpointed), over unpadded shards. Its ``export`` settings are the export layer's
-(which fills :attr:`UnwrapEvalCallback.exporter`); without that layer ``export: true`` says in one line it wrote none.
+During ``fit`` Lightning validates through the DDP wrapper; this evaluates the bare module (rank 0's buffers, over
+unpadded shards). Its ``export`` settings are the export layer's: without it ``export: true`` writes one note.
 """
 
 from __future__ import annotations
@@ -30,9 +29,7 @@ class UnwrapEvalCallback(L.Callback):
     """
 
     def __init__(self, export: bool = True, export_best: bool = True, net_attribute: str | None = None) -> None:
-        self.export = export
-        self.export_best = export_best
-        self.net_attribute = net_attribute
+        self.export, self.export_best, self.net_attribute = export, export_best, net_attribute
         self._wrapper: nn.Module | None = None
         #: The layer's callback that writes the export (filled at its ``setup``), if any.
         self.exporter: Any = None
