@@ -1,6 +1,7 @@
 """What a LightningModule does that its layout cannot run, said in one line before it costs a traceback.
 
-Lightning's or torch's error would come from every rank mid-training, or name a setting ``parallel`` refuses.
+Lightning's or torch's own error would come from every rank mid-training, or name a setting the plan wrote or the
+``parallel`` section refuses (``Trainer(accumulate_grad_batches=N)``, a Lightning strategy).
 """
 
 from __future__ import annotations

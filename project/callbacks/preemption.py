@@ -28,6 +28,7 @@ class StopOnSignal(L.Callback):
     """Stop every rank at the same step on a signal, save it, and exit with the "preempted, resumable" code.
 
     Takes over ``signals`` (e.g. ``SIGTERM``) for good; the process ends ``grace_s`` after the first, saved or not.
+    A signal before the first step ends the rank at once, one after the last skips what follows: exit code 75.
     """
 
     def __init__(self, signals: list[str], grace_s: float) -> None:

@@ -18,10 +18,6 @@ from project.errors import UserError
 from project.parallel.collectives import gather_objects
 
 
-def _tensor(data: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
 def _rng_state() -> dict[str, Any]:
     """This process's generators as plain values: they travel between ranks as objects and load with weights_only."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
@@ -34,9 +30,9 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(_tensor(state["torch"]))
+    torch.set_rng_state(torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8))
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_tensor(cuda) for cuda in state["cuda"]])
+        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(s), dtype=torch.uint8) for s in state["cuda"]])
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     version, internal, gauss = state["python"]
