@@ -1,10 +1,6 @@
 """The seed's ``synchronize()`` at chosen points of a run: a named barrier that never hangs silently.
 
-The barrier itself is :func:`project.parallel.ddp.synchronize`: on one process it does nothing (as the seed's
-helper returns when world size is 1); otherwise every rank waits at a *monitored* barrier that names the ranks
-that did not arrive within ``timeout_s``. Each rank's wait is measured, gathered, and the slowest and fastest
-are logged as ``barrier/<point>/wait_s_max`` and ``barrier/<point>/wait_s_min`` so stragglers show up in
-TensorBoard.
+The ranks missing after ``timeout_s`` are named; the slowest and fastest waits are logged, so stragglers show.
 """
 
 from __future__ import annotations
@@ -28,37 +24,27 @@ class BarrierCallback(L.Callback):
         log_waits: Log the slowest/fastest wait per barrier to the logger.
     """
 
-    def __init__(
-        self,
-        points: list[str] | None = None,
-        timeout_s: float = 300.0,
-        log_waits: bool = True,
-    ) -> None:
-        chosen = list(POINTS) if points is None else list(points)
+    def __init__(self, points: list[str] | None = None, timeout_s: float = 300.0, log_waits: bool = True) -> None:
+        chosen = list(POINTS if points is None else points)
         unknown = [p for p in chosen if p not in POINTS]
         if unknown:
             raise ValueError(f"BarrierCallback points {unknown} are unknown; choose from {list(POINTS)}")
         if timeout_s <= 0:
             raise ValueError(f"BarrierCallback timeout_s={timeout_s} must be > 0")
-        self.points = set(chosen)
-        self.timeout_s = timeout_s
-        self.log_waits = log_waits
+        self.points, self.timeout_s, self.log_waits = set(chosen), timeout_s, log_waits
         #: (point, min wait, max wait) of every barrier this process passed, for inspection.
         self.history: list[tuple[str, float, float]] = []
 
     def _barrier(self, trainer: L.Trainer, point: str) -> None:
         if point not in self.points or trainer.world_size == 1:
             return
-        waited = synchronize(point, self.timeout_s)
         # Every rank takes part in the gather; only rank 0 writes.
-        waits = gather_ranks(trainer, torch.tensor(waited, dtype=torch.float64))
+        waits = gather_ranks(trainer, torch.tensor(synchronize(point, self.timeout_s), dtype=torch.float64))
         low, high = float(waits.min()), float(waits.max())
         self.history.append((point, low, high))
         if self.log_waits and trainer.is_global_zero and trainer.logger is not None:
-            trainer.logger.log_metrics(
-                {f"barrier/{point}/wait_s_max": high, f"barrier/{point}/wait_s_min": low},
-                step=trainer.global_step,
-            )
+            metrics = {f"barrier/{point}/wait_s_max": high, f"barrier/{point}/wait_s_min": low}
+            trainer.logger.log_metrics(metrics, step=trainer.global_step)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Barrier after setup (all ranks built their model and data)."""

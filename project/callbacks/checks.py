@@ -1,12 +1,7 @@
-"""Checks that need the user's module to run once: every monitored metric is really logged.
+"""Refuse, before training, a monitored metric that validation never logs (it would fail after a whole epoch).
 
-A ``ModelCheckpoint(monitor="val/acc")`` or ``EarlyStopping`` whose metric the module never logs fails only
-when it first saves, after a whole epoch, with a traceback. The sanity check (Lightning's validation pass
-before training) shows which metrics validation logs, so the mistake is one line before training instead.
-Monitors whose name starts with ``train`` are metrics of the training steps, which the sanity check cannot
-see; they are left to Lightning. With several validation loaders Lightning names each loader's metric
-``<name>/dataloader_idx_<i>``, and only from the first real validation on: such a monitor is proven by the
-sanity check's own record of what each loader logged.
+The sanity check shows what validation logs (``train...`` monitors are left to Lightning). With several loaders,
+``<name>/dataloader_idx_<i>`` exists only from the first real validation on: the sanity check's record proves it.
 """
 
 from __future__ import annotations
@@ -21,21 +16,16 @@ from project.lightning_private import logged_per_loader
 
 def monitored(trainer: L.Trainer) -> list[tuple[str, str]]:
     """(callback name, metric) of every checkpoint and early-stopping callback that monitors a metric."""
-    found = []
-    for callback in trainer.callbacks:
-        if isinstance(callback, (ModelCheckpoint, EarlyStopping)) and getattr(callback, "monitor", None):
-            found.append((type(callback).__name__, str(callback.monitor)))
-    return found
+    kinds = (ModelCheckpoint, EarlyStopping)
+    watching = [c for c in trainer.callbacks if isinstance(c, kinds) and getattr(c, "monitor", None)]
+    return [(type(c).__name__, str(c.monitor)) for c in watching]
 
 
 def validates(trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
     """Whether this fit has validation to run: a ``validation_step``, a validation loader, batches not limited to 0."""
     source = trainer.datamodule if trainer.datamodule is not None else pl_module
-    return (
-        is_overridden("validation_step", pl_module)
-        and is_overridden("val_dataloader", source)
-        and trainer.limit_val_batches != 0
-    )
+    overridden = is_overridden("validation_step", pl_module) and is_overridden("val_dataloader", source)
+    return overridden and trainer.limit_val_batches != 0
 
 
 def logged_in_validation(trainer: L.Trainer) -> list[str]:
@@ -48,14 +38,9 @@ def logged_in_validation(trainer: L.Trainer) -> list[str]:
 
 
 class MonitoredMetricsCheck(L.Callback):
-    """Refuse, after the sanity check and before training, a monitored metric that validation never logs.
+    """Refuse, after the sanity check, a monitored metric validation never logs; note a fit that never validated."""
 
-    At the end of a fit whose validation never ran (``val_check_interval`` beyond the steps trained), say so in one
-    line: no validation metric was logged, and nothing monitored one.
-    """
-
-    def __init__(self) -> None:
-        self.validated = False
+    validated = False  # a real validation ran in this fit
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Count this fit's validations from here (the sanity check is not one)."""

@@ -1,8 +1,4 @@
-"""Every rank's value of a tensor, stacked in rank order: one all-gather.
-
-The barrier (:mod:`project.callbacks.barrier`) names the slowest rank with it, and the layers' checks name the
-rank(s) a bad value came from.
-"""
+"""Every rank's value of a tensor, stacked in rank order: one all-gather (the barrier's and the layers' checks')."""
 
 from __future__ import annotations
 

@@ -8,9 +8,7 @@ import lightning as L
 class Float64BeforeRestore(L.Callback):
     """Convert the module to float64 at ``setup``, before Lightning restores a checkpoint's weights into it.
 
-    Lightning restores the weights of most strategies before ``strategy.setup``, where the precision plugin
-    converts the module: float64 weights would pass through the float32 module, and a resumed float64 run would
-    continue from weights rounded to float32 (relative error about 1e-7, where float64 runs agree to 1e-12).
+    Most strategies restore before the precision plugin converts: a resume would start from float32-rounded weights.
     """
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

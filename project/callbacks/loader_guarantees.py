@@ -1,17 +1,9 @@
 """Installs the parallel layer's samplers on whatever loaders the datamodule (or the module) returns.
 
-Lightning asks the datamodule for its loaders through its ``*_dataloader`` hooks, and every user's datamodule passes
-through there. This callback wraps those hooks on the instance (Lightning has no public hook that transforms the
-loaders a datamodule returns) so that each loader comes back with the layer's sampler, the seed's DistributedSampler
-(:func:`project.parallel.ddp.training_sampler`, :func:`~project.parallel.ddp.evaluation_sampler`). At ``setup`` it
-builds the training loader once, resolves the plan with that loader's batch size and refuses, in one line, what cannot
-work (a global batch that does not divide, a dataset smaller than one global batch) before anything is trained or
-written. It also records how far into the epoch training got: a mid-epoch resume skips exactly the global batches
-already trained on.
-
-The Trainer's ``limit_*_batches`` mean the same samples at any world size (:mod:`project.parallel.limits`): the
-evaluation shards hold only the samples a limit keeps, the Trainer's per-process limit is lifted so that it cuts
-nothing more, and a ``val_check_interval`` that validation could never reach is refused at ``setup``.
+Lightning has no public hook that transforms a datamodule's loaders, so this wraps its ``*_dataloader`` hooks on the
+instance. At ``setup`` it builds the training loader once and resolves the plan with its batch size, refusing what
+cannot work before anything is trained. It records the epoch's position, so a mid-epoch resume skips exactly the
+global batches already trained on (``limit_*_batches``: :mod:`project.parallel.limits`).
 """
 
 from __future__ import annotations
@@ -55,18 +47,11 @@ def _listed(loaders: Any) -> list[Any]:
 class LoaderGuaranteesCallback(L.Callback):
     """World-size-invariant training batches and exactly-once, ordered evaluation for any datamodule.
 
-    Args:
-        state: The run's state: its built plan, which the training loader's ``batch_size`` completes (the state
-            holds the plan as it is replaced, and the guarantees this callback records for ``plan.json``).
-        run_seed: Seed of the training permutation when the loader has no generator of its own.
-        resuming: This callback's state in the checkpoint the run starts from, if any: checked at
-            ``setup``, before anything is written, against the plan.
+    ``run_seed`` seeds a loader without a generator; ``resuming``: this callback's state in the starting checkpoint.
     """
 
     def __init__(self, state: RunState, run_seed: int = 0, resuming: dict[str, Any] | None = None) -> None:
-        self.state = state
-        self.run_seed = run_seed
-        self.resuming = resuming
+        self.state, self.run_seed, self.resuming = state, run_seed, resuming
         self._wrapped: set[int] = set()
         self._built_train: Any = None
         self._sampler: GlobalBatchSampler | None = None
@@ -79,7 +64,6 @@ class LoaderGuaranteesCallback(L.Callback):
         self._said: set[str] = set()
         self._limits = TrainerLimits()
 
-    # ---------------------------------------------------------------- wiring
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Wrap the loader hooks once; for fit, build the training loader now and resolve the plan with it."""
         source = trainer.datamodule if trainer.datamodule is not None else pl_module
@@ -125,15 +109,15 @@ class LoaderGuaranteesCallback(L.Callback):
         plan = self.state.with_data_batch(getattr(loader, "batch_size", None))  # the micro-batch picked so far kept
         self._train_limit = limit = trainer.limit_train_batches
         loader, guarantee = training_sampler(loader, plan, trainer.global_rank, self.run_seed, limit)
-        if guarantee.held and isinstance(loader.dataset, GlobalBatchStream):
-            self._stream = loader.dataset
-            self._resume_stream()
-        elif guarantee.held:
-            self._sampler = loader.sampler
-            self._sampler.resume_point = self._resume_point
         if guarantee.held:
             # Lightning warns that a plain DataLoader cannot resume mid-epoch; this sampler does it itself.
             warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+            if isinstance(loader.dataset, GlobalBatchStream):
+                self._stream = loader.dataset
+                self._resume_stream()
+            else:
+                self._sampler = loader.sampler
+                self._sampler.resume_point = self._resume_point
         self._record("training", guarantee, trainer)
         return loader
 
@@ -146,12 +130,10 @@ class LoaderGuaranteesCallback(L.Callback):
 
     def _record(self, stage: str, guarantee: Guarantee, trainer: L.Trainer) -> None:
         self.state.guarantees[stage] = guarantee.to_dict()
-        # One line per stage, once, and only where the layout makes it matter.
         if not guarantee.held and trainer.world_size > 1 and stage not in self._said and trainer.is_global_zero:
             self._said.add(stage)
             sys.stderr.write(f"warning: {guarantee.detail}\n")
 
-    # ------------------------------------------------------- resume position
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A new epoch: nothing of it trained yet."""
         self._position = (trainer.current_epoch, 0)
@@ -172,23 +154,17 @@ class LoaderGuaranteesCallback(L.Callback):
     def state_dict(self) -> dict[str, Any]:
         """How far into the epoch training got (in global micro-batches), and how large they were."""
         epoch, done = self._position
-        limit = self._train_limit if isinstance(self._train_limit, int) else float("inf")
-        plan = self.state.plan
-        sizes = {"global_batch_size": plan.global_batch_size, "accumulation": plan.loader_batches[1]} if plan else {}
-        stream = (
+        state: dict[str, Any] = {"epoch": epoch, "batches_done": done}
+        if plan := self.state.plan:
+            state.update(global_batch_size=plan.global_batch_size, accumulation=plan.loader_batches[1])
+        if (stream := self._stream) is not None:
             # An epoch cut by an int limit_train_batches is over too: the next one reads the stream from its start.
-            {"stream_state": self._stream.epoch_state, "stream_exhausted": self._stream.exhausted or done >= limit}
-            if self._stream is not None
-            else {}
-        )
-        return {"epoch": epoch, "batches_done": done, **sizes, **stream}
+            limit = self._train_limit if isinstance(self._train_limit, int) else float("inf")
+            state.update(stream_state=stream.epoch_state, stream_exhausted=stream.exhausted or done >= limit)
+        return state
 
     def _resume_stream(self) -> None:
-        """The next pass over the training stream skips what the checkpoint's epoch trained on (once both are known).
-
-        A stateful stream is put back in its state at that epoch's start first, so the skip is exact; a stateless
-        one is read again from its start, which the run says in one line.
-        """
+        """The next pass over the training stream skips what the checkpoint's epoch trained on (once both are known)."""
         if self._stream is None or self._stream_resume is None:
             return
         (epoch, done), self._stream_resume = self._stream_resume, None
@@ -204,15 +180,9 @@ class LoaderGuaranteesCallback(L.Callback):
             )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume mid-epoch: the next training loader starts after the global batches already trained on.
-
-        Each batch a rank trains on is its slice of one global batch, so the position is the same number
-        at any world size: a run may resume on another number of processes, with the same global batch
-        (checked at ``setup``).
-        """
+        """Resume mid-epoch after the global batches already trained on (the same number at any world size)."""
         if "epoch" in state_dict:
-            self._resume_point = (int(state_dict["epoch"]), int(state_dict["batches_done"]))
-            self._position = self._resume_point
+            self._position = self._resume_point = (int(state_dict["epoch"]), int(state_dict["batches_done"]))
             if not state_dict.get("stream_exhausted", True):  # saved mid-epoch by a run reading a stream
                 self._stream_resume, self._stream_state = self._resume_point, state_dict.get("stream_state")
                 self._resume_stream()

@@ -1,20 +1,7 @@
 """What a LightningModule does that its layout cannot run, said in one line before it costs a traceback.
 
-- Parameters that get no gradient (a GAN's other half, a head only some steps use) under DDP without
-  ``find_unused_parameters``: DDP waits for every trainable parameter's gradient and fails at the *next*
-  step, from every rank, with a hint naming a Lightning strategy the ``parallel`` section refuses.
-  :class:`UnusedParametersCheck` looks once, after the first backward and before the first optimizer
-  step, so the refused run leaves nothing behind, and names the parameters and
-  ``parallel.ddp.find_unused_parameters``. Later steps are covered by :mod:`project.parallel.failures`.
-- Manual optimization (``automatic_optimization = False``) with gradient accumulation, which Lightning
-  refuses at ``fit`` naming ``Trainer(accumulate_grad_batches=N)``, a setting the plan wrote:
-  :func:`refuse_manual_accumulation` refuses it before any process starts, naming the ``parallel`` setting.
-- Lightning's StochasticWeightAveraging under a layout that shards parameters: it copies DTensor shards into a
-  plain averaged copy and fails mid-training (``aten.copy_ got mixed torch.Tensor and DTensor``):
-  :func:`refuse_unshardable_callbacks` says so before training.
-- A ``training_step`` that returns None (skips the step) on several processes, which Lightning refuses at that
-  step with a RuntimeError from every rank: :func:`skipped_step_error` makes it one line (it depends on the data,
-  so it cannot be refused before training).
+Lightning's or torch's own error would come from every rank mid-training, or name a setting the plan wrote or the
+``parallel`` section refuses (``Trainer(accumulate_grad_batches=N)``, a Lightning strategy).
 """
 
 from __future__ import annotations
@@ -43,33 +30,27 @@ if TYPE_CHECKING:
 def _ddp_needing_every_gradient(trainer: L.Trainer) -> DistributedDataParallel | None:
     """The DDP wrapper when it expects a gradient for every trainable parameter in every step, else ``None``."""
     ddp = trainer.strategy.model
-    if not isinstance(ddp, DistributedDataParallel) or ddp.find_unused_parameters or ddp.static_graph:
-        return None
-    return ddp
+    every = isinstance(ddp, DistributedDataParallel) and not (ddp.find_unused_parameters or ddp.static_graph)
+    return ddp if every else None
 
 
 def unused_parameters_problem(trainer: L.Trainer, pl_module: L.LightningModule) -> UnusedParametersError | None:
     """After the first backward: the error for trainable parameters DDP would wait for in vain, else ``None``.
 
-    Only under automatic optimization: a manual ``training_step`` may call backward once per optimizer,
-    each on part of the model, which DDP can accept when the parts add up to the whole within the step.
+    Only under automatic optimization (a manual step may backward parts of the model that add up within the step).
     """
     ddp = _ddp_needing_every_gradient(trainer)
     if ddp is None or not pl_module.automatic_optimization:
         return None
     names = parameters_without_gradient(pl_module, ddp.parameters_to_ignore)
-    if not names:
-        return None
-    return unused_parameters_error(
-        type(pl_module).__name__, names, "the first training step", uses_parallel_section(trainer)
-    )
+    module, parallel = type(pl_module).__name__, uses_parallel_section(trainer)
+    return unused_parameters_error(module, names, "the first training step", parallel) if names else None
 
 
 class UnusedParametersCheck(L.Callback):
     """Refuse, after the first backward, a model whose trainable parameters DDP would wait for in vain.
 
-    Costs nothing per step: the hook removes itself after that one look (Lightning calls only callable
-    hooks, ``project.lightning_private`` item 4), or at the start of training when the run is not DDP.
+    DDP would fail at the *next* step, from every rank. The hook removes itself after one look: nothing per step.
     """
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -89,17 +70,9 @@ class UnusedParametersCheck(L.Callback):
 def refuse_manual_accumulation(
     model: L.LightningModule | None, accumulation: int, settings: ParallelConfig | None, plan: Plan | None
 ) -> None:
-    """Refuse gradient accumulation for a module that optimizes manually, naming the setting that asked for it.
+    """Refuse (``UserError``) gradient accumulation for a module that optimizes manually, naming the setting.
 
-    Args:
-        model: The built module (``None``: nothing to check).
-        accumulation: Micro-batches per optimizer step the Trainer would be given.
-        settings: The ``parallel`` section (``None``: plain Lightning, ``trainer.accumulate_grad_batches``).
-        plan: The resolved plan (its world size and per-device batch say where a derived accumulation comes from).
-
-    Raises:
-        UserError: ``accumulation`` > 1, or a plan whose steps a layer splits (``micro_batch: auto``), and
-            ``model.automatic_optimization`` is False.
+    ``settings``: the ``parallel`` section (``None``: plain Lightning); a plan split in-step accumulates too.
     """
     if model is None or model.automatic_optimization:
         return
@@ -130,14 +103,9 @@ def refuse_manual_accumulation(
 
 
 def refuse_unshardable_callbacks(trainer: L.Trainer) -> None:
-    """Refuse StochasticWeightAveraging where parameters are sharded (fsdp, tensor parallel), before training.
-
-    Raises:
-        UserError: naming the callback, why it cannot run on shards, and the layouts where it does.
-    """
-    if not row_of(trainer.strategy).shards_parameters:
-        return
-    if any(isinstance(callback, StochasticWeightAveraging) for callback in trainer.callbacks):
+    """Refuse (``UserError``) StochasticWeightAveraging where parameters are sharded (fsdp, tensor parallel)."""
+    swa = any(isinstance(callback, StochasticWeightAveraging) for callback in trainer.callbacks)
+    if row_of(trainer.strategy).shards_parameters and swa:
         raise UserError(
             "trainer.callbacks has StochasticWeightAveraging, which averages a plain copy of the module's weights, "
             "and this layout shards them (scenario fsdp or tensor parallelism: the copy fails mid-training); use "

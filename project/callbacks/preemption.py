@@ -1,20 +1,9 @@
 """A signal to any rank stops every rank at the same optimizer step, saves that step, and exits for a requeue.
 
-Clusters stop jobs by signal: SLURM sends SIGTERM to every task (and a chosen signal such as SIGUSR1 ahead of
-it with ``sbatch --signal``), Kubernetes sends SIGTERM to the pod, torchrun's agent forwards what it gets to its
-workers, a terminal sends SIGINT. The handler only notes the signal (a handler must not start a store call or a
-collective: the rank may be inside one); the ranks agree on the stop step out of band
-(:class:`project.parallel.stop.StopChannel`), so an ordinary step costs one read of an int. Lightning's own way
-(``_broadcast_sigterm_tensor``: a broadcast and a host sync before every step) is switched off for runs of the
-template.
-
-At the stop step every rank saves through the run's own checkpoint writer (the :class:`TimedCheckpoint`'s
-``last.ckpt`` when the config has one, else ``checkpoints/last.ckpt``), waits for its background writes, meets the
-others once, and raises :class:`~project.errors.Preempted`: exit code 75, "preempted, resumable", which
-``fit --resume auto`` continues. If the stop has not completed within the grace period, the process ends with that
-code anyway (an atomic save never leaves a partial file behind). A repeated signal changes nothing (SLURM signals
-twice); only a second SIGINT after a first (Ctrl+C twice) interrupts at once. Before the first step and after the
-last, :mod:`project.launch.stop_signals` ends the rank at once, also with 75.
+The handler only notes the signal (the rank may be inside a store call or a collective); the ranks agree on the
+stop step out of band (:class:`project.parallel.stop.StopChannel`): a step costs one read of an int, not
+Lightning's broadcast before every step. The stop raises :class:`~project.errors.Preempted` (exit code 75,
+resumable); past the grace period the process ends with 75 anyway (docs/reliability.md, Preemption).
 """
 
 from __future__ import annotations
@@ -38,25 +27,17 @@ from project.parallel.stop import STEPS_AHEAD, StopChannel
 class StopOnSignal(L.Callback):
     """Stop every rank at the same step on a signal, save it, and exit with the "preempted, resumable" code.
 
-    Constructing it takes over ``signals`` in this process for good (:mod:`project.launch.stop_signals`): a signal
-    before the first training step ends the rank at once (nothing trained, nothing lost), one during training stops
-    every rank at one saved step (here), one after the last step skips what follows; every one gives exit code 75.
-
-    Args:
-        signals: Names of the signals that stop training (e.g. ``["SIGTERM", "SIGINT", "SIGUSR1"]``).
-        grace_s: Seconds from the first signal within which the process ends, saved or not.
+    Takes over ``signals`` (e.g. ``SIGTERM``) for good; the process ends ``grace_s`` after the first, saved or not.
+    A signal before the first step ends the rank at once, one after the last skips what follows: exit code 75.
     """
 
     def __init__(self, signals: list[str], grace_s: float) -> None:
-        self.signals = [signal.Signals[name] for name in signals]
-        self.grace_s = grace_s
-        self._step = 0  # optimizer steps completed on this rank, read by the handler
-        self._rank = 0
+        self.signals, self.grace_s = [signal.Signals[name] for name in signals], grace_s
+        self._step, self._rank = 0, 0  # optimizer steps completed on this rank (read by the handler), its rank
         self._noted: tuple[int, str] | None = None  # this rank's own signal: (its step, what)
         self._channel: StopChannel | None = None
         stop_signals.install(signals, grace_s)
 
-    # ------------------------------------------------------------------ set-up
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Keep Lightning's own handlers away (its SIGTERM handler broadcasts from inside the handler)."""
         keep_own_signal_handlers(trainer)
@@ -75,18 +56,15 @@ class StopOnSignal(L.Callback):
         stop_signals.set_phase("training", self._on_signal)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Training reached its end: a signal during the last steps still stops here (saved), else what follows runs.
-
-        The ranks agree in one collective whether any of them has a stop to make (a proposal may not have reached
-        every rank before the last step); the test and export after fit then run with signals ending them at once.
-        """
+        """Training reached its end: a signal during the last steps still stops here (saved), else what follows runs."""
         wanted = self._noted is not None or (self._channel is not None and self._channel.agreed is not None)
-        if trainer.world_size > 1:
+        if trainer.world_size > 1:  # one collective: a proposal may not have reached every rank before the last step
             flag = torch.tensor(float(wanted), device=trainer.strategy.root_device)  # NCCL reduces GPU tensors only
             wanted = bool(trainer.strategy.reduce(flag, reduce_op="max").item())
         self._close()
         if wanted:
-            why = self._noted[1] if self._noted is not None else self._agreed_why()
+            agreed = self._channel.agreed if self._channel is not None else None
+            _, why = self._noted or agreed or (None, "a signal to another rank")
             self._stop(trainer, why, after=" (the last step; the test and export after fit did not run)")
         stop_signals.set_phase("after")
 
@@ -99,11 +77,6 @@ class StopOnSignal(L.Callback):
         if self._channel is not None:
             self._channel.close()
 
-    def _agreed_why(self) -> str:
-        agreed = self._channel.agreed if self._channel is not None else None
-        return agreed[1] if agreed is not None else "a signal to another rank"
-
-    # ------------------------------------------------------------------ the signal
     def _on_signal(self, signum: int) -> None:
         """Note the signal; propose the stop outside the handler (never a store call or collective in here)."""
         name = signal.Signals(signum).name
@@ -120,12 +93,8 @@ class StopOnSignal(L.Callback):
     def _stop_step(self) -> tuple[int, str] | None:
         if self._channel is not None:
             return self._channel.agreed
-        if self._noted is not None:  # one process: finish the step it is in
-            step, why = self._noted
-            return step + 1, why
-        return None
+        return (self._noted[0] + 1, self._noted[1]) if self._noted is not None else None  # one process: finish its step
 
-    # ------------------------------------------------------------------ the stop
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -164,10 +133,7 @@ def newest_checkpoint(folder: str) -> str:
 
 
 def stopped_by_signal(error: BaseException, trainer: L.Trainer, restored: str | None) -> Preempted | None:
-    """This rank's stop outside the training steps (``error`` is its :class:`StopSignal`, or came after it).
-
-    ``restored`` describes the checkpoint the run started from (``None``: a new run).
-    """
+    """This rank's stop outside the training steps, else ``None`` (``restored``: the checkpoint it started from)."""
     phase = stop_signals.raised_in()
     if phase is None or isinstance(error, Preempted):
         return None
@@ -190,7 +156,6 @@ def save_latest(trainer: L.Trainer) -> str:
     for callback in trainer.callbacks:
         if isinstance(callback, TimedCheckpoint):
             return callback.save_now(trainer)
-    folder = os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints")
-    path = os.path.join(folder, "last.ckpt")
+    path = os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints", "last.ckpt")
     trainer.save_checkpoint(path)
     return path

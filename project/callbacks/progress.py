@@ -1,10 +1,6 @@
 """The template's progress bar: Lightning's rich bar, redrawn a few times a second instead of every batch.
 
-Lightning's default ``RichProgressBar`` updates its task and re-reads every progress-bar metric after
-each batch, and its refresh thread redraws up to 100 times a second while holding the GIL. With a small
-model that costs a sizeable share of each step. This bar does the same work at most ``refresh_per_s``
-times a second, and always for the first and last batch of a loop, so what you see is at most
-1/``refresh_per_s`` seconds old. It touches no collective and no metric, so it is the same under DDP (rank 0 draws).
+``RichProgressBar``'s per-batch metric reads and up to 100 redraws a second (holding the GIL) slow a small model.
 """
 
 from __future__ import annotations
@@ -48,30 +44,21 @@ class ProgressBar(RichProgressBar):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Update the training bar and its metrics when due."""
-        if self.is_disabled:
-            return
-        if self._due(batch_idx + 1, self.total_train_batches):
-            self._pending = None
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        else:
-            self._pending = (outputs, batch, batch_idx)
+        if self.is_enabled:
+            due = self._due(batch_idx + 1, self.total_train_batches)
+            self._pending = None if due else (outputs, batch, batch_idx)
+            if due:
+                super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Draw the last batch (a run that stops mid-epoch may have skipped it), then the epoch's metrics."""
         if self._pending is not None:
-            outputs, batch, batch_idx = self._pending
-            self._pending = None
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            pending, self._pending = self._pending, None
+            super().on_train_batch_end(trainer, pl_module, *pending)
         super().on_train_epoch_end(trainer, pl_module)
 
     def on_validation_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         """Update the validation bar when due."""
         # Disabled (e.g. on ranks > 0) the loop counters the totals need are not kept.
@@ -79,26 +66,14 @@ class ProgressBar(RichProgressBar):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
     def on_test_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         """Update the test bar when due."""
         if self.is_enabled and self._due(batch_idx + 1, self.total_test_batches_current_dataloader):
             super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
     def on_predict_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         """Update the prediction bar when due."""
         if self.is_enabled and self._due(batch_idx + 1, self.total_predict_batches_current_dataloader):

@@ -1,13 +1,7 @@
 """Every rank's random state in each checkpoint, and one checkpoint for all ranks: for an exact resume.
 
-Lightning saves weights, optimizer, schedulers, loop progress and callback states, but not the
-random number generators: after a resume, dropout (or anything random in ``training_step``) would
-draw different numbers than the uninterrupted run. This callback stores the generators of every
-rank (torch, CUDA, numpy, Python) in each checkpoint and puts them back just before the first
-resumed step, after Lightning has built the data iterator (which may draw a seed from them).
-
-It also stops a run whose ranks would resume from different files, e.g. nodes that do not share the
-``logs/`` folder, with one line instead of silently diverging ranks.
+Lightning saves no random generators, so a resumed dropout would draw other numbers than the uninterrupted run.
+They are put back after Lightning built the data iterator (which may draw a seed from them).
 """
 
 from __future__ import annotations
@@ -24,29 +18,21 @@ from project.errors import UserError
 from project.parallel.collectives import gather_objects
 
 
-def _bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.numpy().tobytes()
-
-
-def _tensor(data: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
 def _rng_state() -> dict[str, Any]:
     """This process's generators as plain values: they travel between ranks as objects and load with weights_only."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {
-        "torch": _bytes(torch.get_rng_state()),
-        "cuda": [_bytes(state) for state in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+        "torch": torch.get_rng_state().numpy().tobytes(),
+        "cuda": [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
         "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
         "python": random.getstate(),
     }
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(_tensor(state["torch"]))
+    torch.set_rng_state(torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8))
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_tensor(cuda) for cuda in state["cuda"]])
+        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(s), dtype=torch.uint8) for s in state["cuda"]])
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     version, internal, gauss = state["python"]
@@ -58,20 +44,8 @@ def derived_seed(step: int, rank: int) -> int:
     return (step * 1_000_003 + rank * 7_919 + 1) % 2**32
 
 
-def _seed_all(seed: int) -> None:
-    torch.manual_seed(seed)  # CUDA too
-    np.random.seed(seed)
-    random.seed(seed)
-
-
 class RandomStateCallback(L.Callback):
-    """Save and restore every rank's random state; check that all ranks resume from the same checkpoint.
-
-    The CLI adds it to every run (:func:`project.callbacks.template_callbacks`).
-
-    Args:
-        ckpt_path: The checkpoint this process was told to start from (``None``: a new run).
-    """
+    """Save and restore every rank's random state; check that all ranks resume from ``ckpt_path`` (``None``: new)."""
 
     def __init__(self, ckpt_path: str | None = None) -> None:
         self.ckpt_path = ckpt_path
@@ -91,26 +65,24 @@ class RandomStateCallback(L.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         """The random state of every rank (a collective: Lightning dumps checkpoints on all ranks)."""
-        trainer = self._trainer
-        return {"rng": gather_objects(_rng_state()) if trainer is not None else [_rng_state()]}
+        return {"rng": gather_objects(_rng_state()) if self._trainer is not None else [_rng_state()]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the saved random states until training starts."""
         self._to_restore = state_dict.get("rng")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Put this rank's saved generators back, right before the first resumed step.
-
-        On another world size there is no saved state per rank: each rank's generators are seeded from
-        the step and the rank instead (the data order does not depend on them: see the loader callback).
-        """
+        """Put this rank's saved generators back; on another world size, seed them from the step and the rank."""
         states, self._to_restore = self._to_restore, None
         if not states:
             return
         if len(states) == trainer.world_size:
             _set_rng_state(states[trainer.global_rank])
             return
-        _seed_all(derived_seed(trainer.global_step, trainer.global_rank))
+        seed = derived_seed(trainer.global_step, trainer.global_rank)
+        torch.manual_seed(seed)  # CUDA too
+        np.random.seed(seed)
+        random.seed(seed)
         if trainer.is_global_zero:
             sys.stderr.write(
                 f"warning: resuming a checkpoint of {len(states)} process(es) on {trainer.world_size}: the data "

@@ -16,12 +16,7 @@ from project.runs import run_directory
 
 
 class RunRecordCallback(L.Callback):
-    """Record the resolved parallel plan, the Trainer's runtime layout and the loaders' guarantees as ``plan.json``.
-
-    Args:
-        state: The run's state: its plan (resolved with the data batch size) and the guarantees of the loaders
-            the layer installed; no plan with ``parallel: null`` (plain Lightning layout).
-    """
+    """Record the run's plan (none with ``parallel: null``), the runtime layout and the loaders' guarantees."""
 
     def __init__(self, state: RunState | None = None) -> None:
         self.state = state if state is not None else RunState()
@@ -63,8 +58,7 @@ class RunRecordCallback(L.Callback):
             # Lightning's own launcher detection (Lightning-, TorchElastic- or SLURMEnvironment).
             "cluster_environment": type(cluster).__name__ if cluster is not None else None,
         }
-        styles = getattr(trainer.strategy, "tensor_styles", None)
-        if styles:  # what tensor parallelism split, as applied in this run
+        if styles := getattr(trainer.strategy, "tensor_styles", None):  # what tensor parallelism split, in this run
             record["runtime"]["tensor_parallel"] = dict(styles)
         if plan is None:
             record["world_size"] = trainer.world_size

@@ -1,28 +1,9 @@
-"""``last.ckpt`` every ``every_s`` seconds of training, at every epoch end and of the final step, agreed in advance.
+"""``last.ckpt`` every ``every_s`` seconds of training, at every epoch end and at the final step (docs/checkpoints.md).
 
-What a crash costs is time, not steps: a checkpoint every N steps is a save every few milliseconds for a
-small model and one an hour for a large one. :class:`TimedCheckpoint` saves by the clock instead.
-
-Under DDP every rank must save at the same step (a save is collective: each rank's random state is gathered
-into it and Lightning ends it with a barrier), but each rank has its own clock. Lightning's
-``ModelCheckpoint(train_time_interval=...)`` therefore broadcasts rank 0's verdict after *every* step, a
-collective per step. Here the ranks agree in advance on the step of the next *check* (:class:`SaveSchedule`):
-at a check rank 0 alone reads its clock, decides whether to save now, and picks, from the steps per second
-since the previous check, the step of the next one: about ``every_s / 10`` seconds later, or right at the
-deadline when that comes sooner. One small broadcast carries both; between checks the ranks do not talk.
-One process reads its clock after every step (about a microsecond) and needs no check.
-
-So the save comes at most one step after ``every_s`` while the step rate holds; if steps become k times
-slower, up to k x ``every_s / 10`` late (one check interval planned at the old rate). Every save is made
-right after an optimizer step, never between accumulated micro-batches, so the run resumes from it exactly.
-
-The epoch-end save is made after the next epoch's first optimizer step, not in ``on_train_epoch_end`` as
-``ModelCheckpoint`` makes it: there, Lightning 2.6 has counted the epoch as processed but not completed and has not
-yet stepped the epoch's learning-rate schedulers, and a resume from such a file skips the next epoch's steps and
-the schedulers' epoch step (a plain ``ModelCheckpoint(save_last=True)`` run killed in epoch 1 and resumed ends 19
-steps short). Saved before that first step (``on_train_batch_start``), Lightning's resume counts the logging steps
-one ahead. After it, every epoch-end hook, the validation and the schedulers have run, and the file is an ordinary
-mid-epoch one, which resumes exactly. A fit that ends at an epoch end saves its final step in ``on_train_end``.
+A crash costs time, not steps. A save is collective but each rank has its own clock: rather than Lightning's
+broadcast after every step, the ranks agree in advance on the step of the next check (:class:`SaveSchedule`). An
+epoch end is saved after the next epoch's first optimizer step: in ``on_train_epoch_end`` Lightning 2.6 has not
+counted the epoch completed nor stepped its schedulers, and a resume from there would skip an epoch's steps.
 """
 
 from __future__ import annotations
@@ -43,18 +24,11 @@ CHECKS_PER_INTERVAL = 10
 
 
 class SaveSchedule:
-    """Rank 0's clock: whether a save is due, and at which step the ranks check next.
-
-    Args:
-        every_s: Seconds of training between saves (any checkpoint saved restarts the count).
-        clock: Monotonic seconds (tests pass a fake one).
-    """
+    """Rank 0's clock (``clock``: monotonic seconds, a fake in tests): whether a save is due, and the next check."""
 
     def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.every_s = every_s
-        self.clock = clock
-        self.last_save = self.check_time = clock()
-        self.check_step = 0
+        self.every_s, self.clock = every_s, clock
+        self.start(0)
 
     def start(self, step: int) -> None:
         """Training starts (or resumes) at ``step``: count from now."""
@@ -70,7 +44,7 @@ class SaveSchedule:
         return self.clock() - self.last_save >= self.every_s
 
     def check(self, step: int) -> tuple[bool, int]:
-        """At a check after optimizer step ``step``: (save now, the step of the next check)."""
+        """At a check after step ``step``: (save now, next check's step: ``every_s / 10`` later at the step rate)."""
         now = self.clock()
         save = now - self.last_save >= self.every_s
         remaining = self.every_s if save else self.every_s - (now - self.last_save)
@@ -83,12 +57,9 @@ class SaveSchedule:
 class TimedCheckpoint(ModelCheckpoint):
     """A ``ModelCheckpoint`` of the latest weights: every ``every_s`` seconds, every epoch, at the final step.
 
-    The final step of a fit that ends is always saved, so ``--ckpt_path last`` and ``--resume auto`` are its last
-    weights; optionally every N steps as well.
-
     Args:
         every_s: Seconds of training (wall clock, validation included) between saves; ``None``: not by time.
-            A run killed at any moment loses at most about this much work (see the module doc).
+            A run killed at any moment loses at most about this much work (docs/checkpoints.md).
         every_n_steps: Also save every N optimizer steps (deterministic, for tests and reproducible
             layouts); ``None``: not by steps.
         every_n_epochs: Save at the end of every N-th epoch (after its validation); 0: not at epoch ends.
@@ -121,17 +92,12 @@ class TimedCheckpoint(ModelCheckpoint):
             every_n_epochs=every_n_epochs,
             enable_version_counter=False,  # the same file every time, never last-v1.ckpt
         )
-        self.every_s = every_s
-        self.every_n_steps = every_n_steps
+        self.every_s, self.every_n_steps = every_s, every_n_steps
         self.schedule = SaveSchedule(every_s) if every_s is not None else None
-        self._seen_step = -1
-        self._start_step = 0
-        self._next_check = 0
-        self._active = True  # False under fast_dev_run (no checkpoints, as ModelCheckpoint)
+        self._seen_step, self._start_step, self._next_check = -1, 0, 0
+        self._active, self._one_process = True, True  # at on_train_start: not fast_dev_run (as ModelCheckpoint), 1 rank
         self._epoch_end_due = False  # an epoch ended whose save waits for the next epoch's first step
-        self._one_process = True
-        # Lightning builds the state key around every hook of every callback, each step; ModelCheckpoint's is
-        # a dict repr (about 3 us). It depends on the file only, so that changing the interval keeps the state.
+        # Built once, from the file alone: changing the interval keeps the state.
         self._state_key = state_key(self, filename=filename)
 
     @property
@@ -185,22 +151,16 @@ class TimedCheckpoint(ModelCheckpoint):
                 due, self._next_check = trainer.strategy.broadcast(verdict, src=0)
                 save = save or due
         if save or step == trainer.max_steps:  # the final step of a max_steps run, saved where a resume is exact
-            self._save(trainer)
+            self.save_now(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """A fit that ended (max_steps, max_epochs, max_time, early stopping, ``should_stop``): its final step saved.
-
-        Every rank ends at the same step (Lightning agrees on the stop), so the save is collective as it must be.
-        """
+        """A fit that ended (max_steps, max_epochs, max_time, early stopping...): its final step saved (every rank)."""
         trained = trainer.global_step > self._start_step  # a resume of a finished run trains (and saves) nothing
         if self._active and trained and self._last_global_step_saved != trainer.global_step:
-            self._save(trainer)
+            self.save_now(trainer)
 
     def save_now(self, trainer: L.Trainer) -> str:
         """Save the current step now (every rank, at the same step: a save is collective); returns the file."""
-        return self._save(trainer)
-
-    def _save(self, trainer: L.Trainer) -> str:
         filepath = self.format_checkpoint_name({"epoch": trainer.current_epoch, "step": trainer.global_step})
         # As ModelCheckpoint does: the path is set first, since it is part of the state being saved.
         previous, self.best_model_path = self.best_model_path, filepath

@@ -1,13 +1,7 @@
 """The seed's ``model = model.module`` for evaluation.
 
-During ``fit`` Lightning routes validation through the DDP wrapper. This callback evaluates the bare
-module instead (:func:`project.parallel.ddp.evaluate_unwrapped`), with every rank holding rank 0's buffers (so
-each rank evaluates exactly the model that is checkpointed), over unpadded shards (see
-``project.parallel.sampler_install``).
-
-Its ``export`` settings are read by the export layer, which writes ``<run>/export/`` at the end of ``fit`` and says
-so by filling :attr:`UnwrapEvalCallback.exporter`; without that layer ``export: true`` writes nothing and says so
-in one ``note:`` line (a config that asks for it still trains).
+During ``fit`` Lightning validates through the DDP wrapper; this evaluates the bare module (rank 0's buffers, over
+unpadded shards). Its ``export`` settings are the export layer's: without it ``export: true`` writes one note.
 """
 
 from __future__ import annotations
@@ -35,11 +29,9 @@ class UnwrapEvalCallback(L.Callback):
     """
 
     def __init__(self, export: bool = True, export_best: bool = True, net_attribute: str | None = None) -> None:
-        self.export = export
-        self.export_best = export_best
-        self.net_attribute = net_attribute
+        self.export, self.export_best, self.net_attribute = export, export_best, net_attribute
         self._wrapper: nn.Module | None = None
-        #: The layer's callback that writes the export this one asks for (filled at its ``setup``), if any.
+        #: The layer's callback that writes the export (filled at its ``setup``), if any.
         self.exporter: Any = None
         #: Path of the last export (rank 0), for the CLI's closing message.
         self.export_dir: Path | None = None
