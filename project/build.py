@@ -25,7 +25,11 @@ from project import run_config
 from project.callbacks import LoaderGuaranteesCallback, StopOnSignal, template_callbacks
 from project.callbacks.dispatch import skip_idle_batch_hooks
 from project.callbacks.float64 import Float64BeforeRestore
-from project.callbacks.model_checks import refuse_manual_accumulation, refuse_unshardable_callbacks
+from project.callbacks.model_checks import (
+    refuse_manual_accumulation,
+    refuse_rank_local_finders,
+    refuse_unshardable_callbacks,
+)
 from project.checkpoints.background import with_atomic_checkpoint_io
 from project.checkpoints.resume import Chosen, choose_checkpoint
 from project.commands import COMMANDS
@@ -165,6 +169,7 @@ class ProjectCLI(LightningCLI):
             accumulation = self.trainer.accumulate_grad_batches
             refuse_manual_accumulation(self.model, accumulation, self.state.section, self.state.built)
             refuse_unshardable_callbacks(self.trainer)
+            refuse_rank_local_finders(self.trainer)
         if self.row.trains:
             run_config.say_replaced_optimizer(self.model, self.config.get("optimizer"))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import lightning as L
-from lightning.pytorch.callbacks import StochasticWeightAveraging
+from lightning.pytorch.callbacks import BatchSizeFinder, LearningRateFinder, StochasticWeightAveraging
 from torch.nn.parallel import DistributedDataParallel
 
 from project.errors import UserError
@@ -111,6 +111,24 @@ def refuse_unshardable_callbacks(trainer: L.Trainer) -> None:
             "and this layout shards them (scenario fsdp or tensor parallelism: the copy fails mid-training); use "
             "scenario ddp or zero1 for SWA, or drop the callback"
         )
+
+
+def refuse_rank_local_finders(trainer: L.Trainer) -> None:
+    """Refuse LearningRateFinder/BatchSizeFinder on several processes of the parallel section, before training.
+
+    Each reads rank 0's loss (on its share of each global batch) or grows the per-process batch the plan fixed, so
+    the same model would get another suggestion at another world size.
+    """
+    if trainer.world_size == 1 or not uses_parallel_section(trainer):
+        return
+    for callback in trainer.callbacks:
+        if isinstance(callback, (LearningRateFinder, BatchSizeFinder)):
+            name = type(callback).__name__
+            raise UserError(
+                f"trainer.callbacks has {name} on {trainer.world_size} processes: it tunes on rank 0's share of each "
+                "global batch, so its suggestion depends on the world size; run it on one process "
+                "(--parallel.devices 1) and set what it suggests in the config, or drop the callback"
+            )
 
 
 def skipped_step_error(error: BaseException, trainer: L.Trainer) -> UserError | None:

@@ -4,6 +4,7 @@
   first backward, before the first optimizer step (nothing left behind), or at the step DDP notices it.
 - ``trainer.strategy: ddp_find_unused_parameters_true`` beside a ``parallel`` section.
 - Manual optimization with gradient accumulation: refused by ``fit`` before any process starts, and by ``plan``.
+- ``LearningRateFinder`` on 2 processes (it would tune on rank 0's half of each global batch).
 
 Every case is a real CLI run (2 CPU processes over gloo where it trains), two at a time.
 """
@@ -34,6 +35,9 @@ CASES = {
     "check-head-never-trained": ["check", "--config", DIGITS, *DDP_HEADS, "--steps", "1"],
     "trainer-strategy-find-unused": [*FIT, "--trainer.strategy", "ddp_find_unused_parameters_true"],
     "manual-accumulation-fit": [*FIT, *GAN, "--parallel.accumulation", "2"],
+    "lr-finder-on-two-processes": [
+        *FIT, "--config", CPU_DDP, "--trainer.callbacks+=lightning.pytorch.callbacks.LearningRateFinder",
+    ],
     "manual-accumulation-plan": [
         "plan", "--config", DIGITS, *GAN, "--parallel.global_batch_size", "128",
         "--parallel.per_device_batch_size", "32",
@@ -117,4 +121,11 @@ def test_plan_refuses_manual_optimization_with_a_derived_accumulation(outcomes):
     error = one_error_line(result)
     assert "parallel.global_batch_size=128 (per_device_batch_size 32 x world size 2 x accumulation 2)" in error
     assert "set parallel.global_batch_size: 64" in error and "automatic_optimization = False" in error, error
+    assert list(cwd.iterdir()) == []
+
+
+def test_a_learning_rate_finder_on_two_processes_is_one_line_before_training(outcomes):
+    result, cwd = outcomes["lr-finder-on-two-processes"]
+    error = one_error_line(result)
+    assert "trainer.callbacks has LearningRateFinder on 2 processes" in error and "--parallel.devices 1" in error
     assert list(cwd.iterdir()) == []
