@@ -32,8 +32,7 @@ if TYPE_CHECKING:
 
 
 def training_loader(datamodule: Any) -> tuple[Any, str | None]:
-    """The training loader from ``setup("fit")`` alone, never ``prepare_data`` (downloads, files); else why not."""
-    # setup writes nothing by Lightning's rules (it runs on every process); prepare_data is where files are written.
+    """The training loader from ``setup("fit")`` alone, which writes nothing, never ``prepare_data``; else why not."""
     if datamodule is None:
         return None, None
     try:
@@ -53,8 +52,7 @@ def configured_batch_size(datamodule: Any) -> int | None:
 
 
 def resolve_for_plan(cli: ProjectCLI, loader: Any, unbuilt: str | None) -> Plan:
-    """The plan ``fit`` would resolve; without the loader (``unbuilt``: why) from the config's batch size, said so."""
-    # A layout an outside launcher would refuse is shown with the reason.
+    """The plan ``fit`` would resolve (without the loader, ``unbuilt`` says why); a launcher's refusal is a note."""
     environment = detect_environment()
     data_batch = getattr(loader, "batch_size", None) if loader is not None else configured_batch_size(cli.datamodule)
     notes: tuple[str, ...] = ()
@@ -89,8 +87,8 @@ EVAL_STAGES["predict"] = ("predict_dataloader", "predict")
 def plan_limits(cli: ProjectCLI, plan: Plan, loader: Any) -> dict[str, list[Limit | str]]:
     """What each ``limit_*_batches`` keeps under ``plan``, in samples, for the loaders the datamodule has.
 
-    ``loader`` is the training loader (``None``: not built, nothing counted). Refuses, as ``fit`` would before
-    training, a ``val_check_interval`` that validation could never reach.
+    Without the training ``loader`` nothing is counted. Refuses, as ``fit`` would, a ``val_check_interval`` that
+    validation could never reach.
     """
     data, per_device = cli.datamodule, plan.per_device_batch_size
     if data is None or per_device is None or loader is None:
@@ -145,8 +143,7 @@ def print_plan(cli: ProjectCLI) -> None:
     plan = resolve_for_plan(cli, loader, unbuilt)
     # What fit would refuse before starting, plan refuses alike (the plan of a run that cannot start misleads).
     refuse_manual_accumulation(cli.model, plan.accumulation, cli.state.section, plan)
-    data = plan.to_dict()
-    limits = plan_limits(cli, plan, loader)
+    data, limits = plan.to_dict(), plan_limits(cli, plan, loader)
     data["limits"] = limits_json(limits)
     if cli.config.get("parallel") is None:
         data["notes"] = [*data["notes"], "no parallel section: this is what `parallel.scenario: auto` would do"]

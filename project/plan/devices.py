@@ -67,12 +67,10 @@ def gpu_ids(request: DeviceRequest, gpus: int) -> list[int] | None:
             )
         return list(range(request.count))
     ids = list(request.ids or ())
-    bad = [i for i in ids if i >= gpus]
-    if bad:
+    if bad := [i for i in ids if i >= gpus]:
         valid = f"0..{gpus - 1}" if gpus else "none: no GPU is visible"
         raise UserError(f"parallel.devices={ids}: GPU id(s) {bad} do not exist (valid ids: {valid})")
-    repeated = sorted({i for i in ids if ids.count(i) > 1})
-    if repeated:
+    if repeated := sorted({i for i in ids if ids.count(i) > 1}):
         raise UserError(f"parallel.devices={ids} repeats GPU id(s) {repeated}; list each GPU once")
     return ids
 

@@ -1,9 +1,7 @@
 """What launched us, and the layout it imposes, read from environment variables.
 
-The launchers (torchrun, legacy torch.distributed.launch, SLURM, Kubeflow, Ray, LSF, MPI) are rows of
-:mod:`project.plan.launchers`; without any, it is Lightning's own launcher.
-
-The plan printed is the layout Lightning will actually use: detection follows the order of Lightning's Trainer.
+A row of :mod:`project.plan.launchers` in the order Lightning's Trainer detects them (so the plan printed is the
+layout Lightning will use), else Lightning's own launcher.
 """
 
 from __future__ import annotations
@@ -50,11 +48,8 @@ class LaunchEnvironment:
 def detect_environment(environ: Mapping[str, str] | None = None) -> LaunchEnvironment:
     """Read the launcher and its layout from environment variables."""
     env = os.environ if environ is None else environ
-    common = {
-        "master_addr": env.get("MASTER_ADDR"),
-        "master_port": read_int(env, "MASTER_PORT"),
-        "address": env.get("RAY_ADDRESS") or None,  # where parallel.launcher=ray would submit the job
-    }
+    common = {"master_addr": env.get("MASTER_ADDR"), "master_port": read_int(env, "MASTER_PORT")}
+    common["address"] = env.get("RAY_ADDRESS") or None
     found = detect_launcher(env)
     if found is not None:
         row, fields = found
@@ -103,13 +98,12 @@ def refuse_stray_rank(environment: LaunchEnvironment) -> None:
 def requested_launcher(asked: str, environment: LaunchEnvironment) -> LaunchEnvironment:
     """The environment a plan resolves against, given ``parallel.launcher``.
 
-    With ``auto``, or inside one of Ray's workers, that is the detected one. With ``ray`` anywhere else this
-    process is the Ray driver: Ray Train starts the workers (the outside launcher, which takes the layout
-    from the plan), and this process submits the job and waits. SLURM's or Kubeflow's variables then
-    describe the allocation the Ray cluster runs in, not ranks of this command.
+    The detected one, unless ``ray`` is asked outside a Ray worker: this process is then the Ray driver, and Ray
+    Train starts the workers with the plan's layout (SLURM's or Kubeflow's variables describe the Ray cluster's
+    allocation, not ranks of this command).
 
     Raises:
-        UserError: an unknown launcher, or ``ray`` in a process that torchrun started (each rank would
+        UserError: a launcher's module is missing, or ``ray`` in a process torchrun started (each rank would
             submit its own job).
     """
     refuse_missing_requirement(environment)

@@ -1,7 +1,6 @@
 """Where the processes go: the scenario, the devices of each node, the nodes, checked against the launcher.
 
-In the spirit of torchtitan's ``ParallelDims``: a :class:`Layout` is a small frozen value whose degrees
-(processes per node x nodes, data-parallel replicas x shards) must multiply to the world size.
+A :class:`Layout` is a small frozen value, like torchtitan's ``ParallelDims``, whose degrees multiply to the world size.
 """
 
 from __future__ import annotations
@@ -31,8 +30,7 @@ class LaunchMismatchError(UserError):
     """The config asks for another layout than the outside launcher (torchrun, SLURM) started."""
 
 
-#: The mesh's dimensions, outermost first (torchtitan's order): pipeline stages, data-parallel replicas, data-parallel
-#: shards, tensor-parallel splits. Rank ``r`` sits at ``(pp, dp_replicate, dp_shard, tp)`` in row-major order.
+#: The mesh's dimensions, outermost first (torchtitan's order); a rank's coordinates on them are row-major.
 MESH_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
@@ -40,12 +38,9 @@ MESH_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "tp")
 class Layout:
     """The resolved layout: the scenario, devices on each node, nodes, and the parallel degrees by name.
 
-    ``pp x dp_replicate x dp_shard x tp`` must equal ``per_node x num_nodes``: DDP replicates over every process
-    (``dp_shard == 1``), a sharded strategy sets ``dp_shard > 1``, tensor parallelism ``tp > 1`` (the innermost
-    degree, as in torchtitan's ParallelDims: the ``tp`` consecutive ranks of one group share their data), pipeline
-    parallelism ``pp > 1`` (the outermost: stage ``s`` holds ranks ``s * world/pp`` onwards). Samplers, the device
-    mesh, the memory table, seeds, ``check`` and every message ask this value, never the world size as a
-    data-parallel size.
+    ``pp x dp_replicate x dp_shard x tp`` must equal ``per_node x num_nodes``. ``tp`` is innermost (its consecutive
+    ranks share their data), ``pp`` outermost (stage ``s`` holds ranks ``s * world/pp`` onwards). Whatever needs the
+    data-parallel size (samplers, seeds, messages) asks :attr:`dp_size`, never the world size.
     """
 
     scenario: str
@@ -97,15 +92,11 @@ class Layout:
         return self.coordinates(rank)["pp"]
 
     def group_ranks(self, dims: tuple[str, ...]) -> list[list[int]]:
-        """The groups of ranks that differ only along ``dims``, each sorted, in order of their first rank.
-
-        ``("dp_replicate", "dp_shard")``: the data-parallel groups; ``("pp",)``: each pipeline's stages.
-        """
+        """The groups of ranks that differ only along ``dims`` (``("pp",)``: each pipeline's stages), sorted."""
         groups: dict[tuple[int, ...], list[int]] = {}
         for rank in range(self.world_size):
             where = self.coordinates(rank)
-            key = tuple(where[dim] for dim in MESH_DIMS if dim not in dims)
-            groups.setdefault(key, []).append(rank)
+            groups.setdefault(tuple(where[dim] for dim in MESH_DIMS if dim not in dims), []).append(rank)
         return sorted(groups.values())
 
     def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -182,8 +173,7 @@ def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: Laun
     """Resolve scenario, devices and nodes for this machine and launcher; every invalid combination is one line.
 
     Raises:
-        UserError: with the bad value, the rule and the fix (:class:`LaunchMismatchError` when the
-            launcher started another layout).
+        UserError: the bad value, the rule and the fix (:class:`LaunchMismatchError`: the launcher started another).
     """
     request = parse_devices(config.devices)
     scenario = resolve_scenario(config, request, hardware)
@@ -195,30 +185,27 @@ def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: Laun
         num_nodes = _take_launcher_value("num_nodes", num_nodes, environment.num_nodes, external)
     num_nodes = num_nodes or 1
     devices: list[int] | int
-    kind = SCENARIOS[scenario].devices
-    if kind == "cpu" or (kind == "any" and hardware.gpus == 0):
+    row = SCENARIOS[scenario]
+    if row.devices == "cpu" or (row.devices == "any" and hardware.gpus == 0):
         count = cpu_processes(request, scenario)
         if external:
             count = _take_launcher_value("devices", count, environment.local_world_size, external)
         devices, accelerator = count or 1, "cpu"
     else:
         devices, accelerator = _gpu_devices(scenario, request, hardware, environment), "gpu"
-    if SCENARIOS[scenario].max_nodes is not None and num_nodes > SCENARIOS[scenario].max_nodes:
+    if row.max_nodes is not None and num_nodes > row.max_nodes:
         raise UserError(
             f"parallel.num_nodes={num_nodes} with scenario {scenario!r}: DataParallel is one machine; use "
             "scenario 'ddp'"
         )
-    per_node = len(devices) if isinstance(devices, list) else devices
-    world_size = per_node * num_nodes
+    world_size = (len(devices) if isinstance(devices, list) else devices) * num_nodes
+    replicas, shards = (1, world_size) if row.data_parallel == "shard" else (world_size, 1)
+    layout = Layout(scenario, accelerator, devices, num_nodes, dp_replicate=replicas, dp_shard=shards)
     if external and environment.world_size is not None and environment.world_size != world_size:
         raise LaunchMismatchError(
-            f"the plan has world size {world_size} (devices {per_node} x nodes {num_nodes}) but {external} "
+            f"the plan has world size {world_size} (devices {layout.per_node} x nodes {num_nodes}) but {external} "
             f"set WORLD_SIZE={environment.world_size}; make parallel.devices x parallel.num_nodes match"
         )
-    if SCENARIOS[scenario].data_parallel == "shard":  # every process a shard
-        layout = Layout(scenario, accelerator, devices, num_nodes, dp_replicate=1, dp_shard=world_size)
-    else:
-        layout = Layout(scenario, accelerator, devices, num_nodes, dp_replicate=world_size)
     for with_degrees in hooks("degrees"):  # the model-parallel degrees a layer's subsection asks for, checked
         layout = with_degrees(config, layout)
     return layout

@@ -1,7 +1,6 @@
 """The scenarios: one row each, what devices it runs on and which strategy of the table runs it.
 
-This is the whole of a scenario outside its strategy's row (:mod:`project.plan.strategies`): the config's choices,
-the layout and the start-up launcher read it, and nothing else branches on a scenario's name.
+Outside its strategy's row (:mod:`project.plan.strategies`) this is all of a scenario: nothing branches on its name.
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ class Scenario:
     devices: Literal["cpu", "gpu", "any"]
     #: The strategy (a row of :data:`project.plan.strategies.STRATEGIES`) on more than one process.
     strategy: str
-    #: Its strategy forks the ranks from this process itself (a notebook's way), so the template's start-up
-    #: launcher (the early layer's fork) must not start them first.
+    #: Its strategy forks the ranks itself (a notebook's way): the early layer's start-up launcher must not.
     forks_itself: bool = False
     #: How the data-parallel degree is made: every process a replica (DDP), or shards (fsdp: ``dp_shard``).
     data_parallel: Literal["replicate", "shard"] = "replicate"

@@ -43,8 +43,7 @@ def setting_notes(config: ParallelConfig, layout: Layout, strategy: str, start_m
     notes: list[str] = []
     if layout.world_size > 1 and not config.ddp.broadcast_buffers:
         notes.append("ddp.broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs")
-    precision_note = check_precision(config.precision, layout.accelerator)
-    if precision_note:
+    if precision_note := check_precision(config.precision, layout.accelerator):
         notes.append(precision_note)
     for layer_notes in hooks("plan_notes"):  # a layer's subsection checked against the layout (sharding: fsdp)
         notes += layer_notes(config, layout, strategy, start_method)
