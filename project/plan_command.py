@@ -85,10 +85,9 @@ EVAL_STAGES["predict"] = ("predict_dataloader", "predict")
 
 
 def plan_limits(cli: ProjectCLI, plan: Plan, loader: Any) -> dict[str, list[Limit | str]]:
-    """What each ``limit_*_batches`` keeps under ``plan``, in samples, for the loaders the datamodule has.
+    """What each ``limit_*_batches`` keeps under ``plan``, in samples (nothing without the training ``loader``).
 
-    Without the training ``loader`` nothing is counted. Refuses, as ``fit`` would, a ``val_check_interval`` that
-    validation could never reach.
+    Refuses, as ``fit`` would, a ``val_check_interval`` that validation could never reach.
     """
     data, per_device = cli.datamodule, plan.per_device_batch_size
     if data is None or per_device is None or loader is None:
@@ -124,9 +123,7 @@ def plan_limits(cli: ProjectCLI, plan: Plan, loader: Any) -> dict[str, list[Limi
 
 def limits_json(limits: dict[str, list[Limit | str]]) -> dict[str, Any]:
     """``plan --json``'s ``limits``: per stage one limit (or a list, for several loaders), as plan.json records it."""
-    items = {
-        stage: [x.to_dict() if isinstance(x, Limit) else {"note": x} for x in found] for stage, found in limits.items()
-    }
+    items = {stage: [x.to_dict() if isinstance(x, Limit) else {"note": x} for x in f] for stage, f in limits.items()}
     return {stage: found[0] if len(found) == 1 else found for stage, found in items.items()}
 
 

@@ -1,8 +1,4 @@
-"""The batch math in one place: per-device batch x data-parallel size x accumulation = global batch.
-
-Any two of the three decide the third; what is not given comes from the training loader's own ``batch_size``
-(per device under ddp/cpu, global under dp) and an accumulation of 1.
-"""
+"""The batch math in one place: per-device batch x data-parallel size x accumulation = global batch."""
 
 from __future__ import annotations
 
@@ -17,10 +13,7 @@ from project.plan.scenarios import SCENARIOS
 
 @dataclass(frozen=True)
 class BatchSizes:
-    """Samples per micro-batch on one process, per optimizer step over all processes, and micro-batches per step.
-
-    ``per_device`` and ``global_`` are ``None`` while the data batch is unknown and nothing else decides them.
-    """
+    """Samples per micro-batch on one process and per optimizer step (``None`` until known), and the accumulation."""
 
     per_device: int | None
     global_: int | None
@@ -42,12 +35,7 @@ def _split(global_: int, parts: int, name: str, what: str) -> int:
 
 
 def per_device_request(per_device_batch_size: int | None, micro_batch: int | str | None) -> int | None:
-    """``per_device_batch_size`` as the section asks it, with ``micro_batch`` (its other name).
-
-    Raises:
-        UserError: ``auto`` (the microbatch layer takes it off the section before the plan is resolved), a size
-            that is not a number of samples, or two different sizes.
-    """
+    """``per_device_batch_size``, or ``micro_batch`` (its other name; ``auto`` is the microbatch layer's)."""
     if micro_batch == "auto":
         raise UserError(
             "parallel.micro_batch=auto needs the microbatch layer (project/extras/microbatch), which this checkout "
@@ -73,13 +61,10 @@ def resolve_batch(
     size_name: str = "world size",
     micro_batch: int | str | None = None,
 ) -> BatchSizes:
-    """(per-device, global, accumulation) from the ``parallel`` options of those names and the loader's batch size.
+    """(per-device, global, accumulation): any two given decide the third, else the loader's batch size decides.
 
-    ``data_batch_is_global``: the scenario splits the loader's batch (``dp``). ``dp_size``: the processes that train
-    on different data (model-parallel groups share theirs), ``size_name`` in messages.
-
-    Raises:
-        UserError: a size below 1, numbers that do not divide, or three numbers that disagree.
+    The loader's batch is per device, or global where ``data_batch_is_global`` (``dp``); ``dp_size``: the processes
+    that train on different data, called ``size_name`` in messages.
     """
     per_device_batch_size = per_device_request(per_device_batch_size, micro_batch)
     given = {"parallel.global_batch_size": global_batch_size, "parallel.per_device_batch_size": per_device_batch_size}

@@ -101,11 +101,7 @@ MOVED_FIELDS: dict[str, str] = {
 
 
 def with_subsections(base: type, subsections: dict[str, Any]) -> type:
-    """``ParallelConfig``: the core's fields, then each layer's subsection as a typed field.
-
-    A dataclass still, so jsonargparse parses ``--parallel.fsdp.sharding`` typed; its docstring documents each
-    added subsection by the first line of the subsection's own.
-    """
+    """``ParallelConfig``: the core's fields, then each layer's subsection (its help: its docstring's first line)."""
     added = {name: kind for name, kind in subsections.items() if not any(f.name == name for f in fields(base))}
     doc = str(base.__doc__).rstrip()
     for name, kind in added.items():
@@ -131,11 +127,7 @@ class Hardware:
 
 
 def refuse_unknown_choices(config: Any, prefix: str = "parallel") -> None:
-    """Every ``Literal`` field of the section and its subsections holds one of its choices (code skips the parser).
-
-    Raises:
-        UserError: naming the field, the value and the choices.
-    """
+    """Refuse a ``Literal`` field of the section or its subsections outside its choices (code skips the parser)."""
     for name, hint in get_type_hints(type(config)).items():
         value = getattr(config, name)
         if is_dataclass(value):

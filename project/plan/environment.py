@@ -1,8 +1,4 @@
-"""What launched us, and the layout it imposes, read from environment variables.
-
-A row of :mod:`project.plan.launchers` in the order Lightning's Trainer detects them (so the plan printed is the
-layout Lightning will use), else Lightning's own launcher.
-"""
+"""What launched us (a row of :mod:`project.plan.launchers`, else Lightning's launcher), and the layout it imposes."""
 
 from __future__ import annotations
 
@@ -67,11 +63,7 @@ def detect_environment(environ: Mapping[str, str] | None = None) -> LaunchEnviro
 
 
 def refuse_missing_requirement(environment: LaunchEnvironment) -> None:
-    """Refuse a launcher whose ranks Lightning reads through a module that is not installed (mpirun: mpi4py).
-
-    Raises:
-        UserError: naming the launcher, the module and the fix.
-    """
+    """Refuse a launcher whose ranks Lightning reads through a module that is not installed (mpirun: mpi4py)."""
     row = next((row for row in LAUNCHERS if row.name == environment.launcher), None)
     if row is not None and row.requires and importlib.util.find_spec(row.requires) is None:
         raise UserError(
@@ -82,11 +74,7 @@ def refuse_missing_requirement(environment: LaunchEnvironment) -> None:
 
 
 def refuse_stray_rank(environment: LaunchEnvironment) -> None:
-    """Refuse a ``RANK`` other than 0 that no launcher set: the process would drop every log as a non-zero rank.
-
-    Raises:
-        UserError: ``RANK`` is set in the shell, but nothing says which launcher started this process.
-    """
+    """Refuse a ``RANK`` other than 0 that no launcher set: the process would drop every log as a non-zero rank."""
     if environment.launcher == LIGHTNING and environment.rank not in (None, 0) and environment.local_rank is None:
         raise UserError(
             f"RANK={environment.rank} is set in the environment, but no launcher started this process (no "
@@ -96,15 +84,9 @@ def refuse_stray_rank(environment: LaunchEnvironment) -> None:
 
 
 def requested_launcher(asked: str, environment: LaunchEnvironment) -> LaunchEnvironment:
-    """The environment a plan resolves against, given ``parallel.launcher``.
+    """The environment a plan resolves against: the detected one, or under ``ray`` (outside a Ray worker) the driver's.
 
-    The detected one, unless ``ray`` is asked outside a Ray worker: this process is then the Ray driver, and Ray
-    Train starts the workers with the plan's layout (SLURM's or Kubeflow's variables describe the Ray cluster's
-    allocation, not ranks of this command).
-
-    Raises:
-        UserError: a launcher's module is missing, or ``ray`` in a process torchrun started (each rank would
-            submit its own job).
+    Ray Train then starts the workers; SLURM's or Kubeflow's variables describe the Ray cluster, not this command.
     """
     refuse_missing_requirement(environment)
     if asked != RAY or environment.launcher == RAY:

@@ -1,9 +1,7 @@
-"""The launchers a process may have been started by, one row each, in the order they are detected.
+"""The launchers that may have started a process, one row each, in Lightning's order of detection.
 
-Lightning's order: TorchElastic (torchrun, also inside a SLURM job), SLURM, LSF (jsrun), MPI (mpirun). Ray Train
-workers and Kubeflow pods, which Lightning does not detect, come before SLURM; their row names the Lightning
-``ClusterEnvironment`` the Trainer is given. Each ``detect`` is Lightning's ``ClusterEnvironment.detect`` rule
-(tests/unit/test_launcher_table.py holds them together) read from a mapping, so a plan needs no Lightning import.
+Ray and Kubeflow, which Lightning does not detect, come before SLURM, with the ``ClusterEnvironment`` the Trainer is
+given. Each ``detect`` is Lightning's rule (tests/unit/test_launcher_table.py), read without importing Lightning.
 """
 
 from __future__ import annotations

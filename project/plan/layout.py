@@ -1,7 +1,4 @@
-"""Where the processes go: the scenario, the devices of each node, the nodes, checked against the launcher.
-
-A :class:`Layout` is a small frozen value, like torchtitan's ``ParallelDims``, whose degrees multiply to the world size.
-"""
+"""Where the processes go: the scenario, the devices of each node, the nodes, checked against the launcher."""
 
 from __future__ import annotations
 
@@ -36,11 +33,10 @@ MESH_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "tp")
 
 @dataclass(frozen=True)
 class Layout:
-    """The resolved layout: the scenario, devices on each node, nodes, and the parallel degrees by name.
+    """The scenario, devices on each node, nodes, and the parallel degrees (like torchtitan's ``ParallelDims``).
 
-    ``pp x dp_replicate x dp_shard x tp`` must equal ``per_node x num_nodes``. ``tp`` is innermost (its consecutive
-    ranks share their data), ``pp`` outermost (stage ``s`` holds ranks ``s * world/pp`` onwards). Whatever needs the
-    data-parallel size (samplers, seeds, messages) asks :attr:`dp_size`, never the world size.
+    ``pp x dp_replicate x dp_shard x tp`` must equal the world size. Whatever needs the data-parallel size (samplers,
+    seeds, messages) asks :attr:`dp_size`, never the world size.
     """
 
     scenario: str
@@ -170,11 +166,7 @@ def _gpu_devices(
 
 
 def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: LaunchEnvironment) -> Layout:
-    """Resolve scenario, devices and nodes for this machine and launcher; every invalid combination is one line.
-
-    Raises:
-        UserError: the bad value, the rule and the fix (:class:`LaunchMismatchError`: the launcher started another).
-    """
+    """Scenario, devices and nodes for this machine and launcher; every invalid combination is a one-line error."""
     request = parse_devices(config.devices)
     scenario = resolve_scenario(config, request, hardware)
     if config.num_nodes is not None and config.num_nodes < 1:

@@ -1,9 +1,7 @@
 """The ``parallel`` section resolved into a frozen, printable :class:`Plan`.
 
-Resolution is a pure function of (config, hardware, launch environment, data batch size): it starts no process
-and touches no GPU, so every scenario x hardware case is a unit test. The data batch size (the training loader's)
-is known only inside the ranks, which complete the plan with it; the strategy is built there too
-(:func:`project.parallel.strategies.trainer_kwargs`). The scenarios are rows of :mod:`project.plan.scenarios`.
+A pure function of (config, hardware, launch environment, data batch size): it starts no process and touches no
+GPU, so every scenario x hardware case is a unit test. The ranks build the strategy from it (project.parallel).
 """
 
 from __future__ import annotations
@@ -30,11 +28,7 @@ def _from_layout(name: str, doc: str) -> Any:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything the Trainer and the loaders need, and why (the notes).
-
-    Built once per run (:func:`resolve_plan`); the training loader's batch size completes its batch fields
-    (:meth:`with_data_batch`) and changes nothing else.
-    """
+    """Everything the Trainer and the loaders need, and why (the notes); built once per run (:func:`resolve_plan`)."""
 
     #: Where the processes go and the parallel degrees by name: the one source of every size below.
     layout: Layout
@@ -76,11 +70,7 @@ class Plan:
         return data
 
     def with_data_batch(self, data_batch_size: int | None) -> Plan:
-        """This plan with the training loader's batch size applied (its batch fields and their notes).
-
-        Raises:
-            UserError: the batch sizes do not divide or disagree (with the numbers and the fix).
-        """
+        """This plan with the training loader's batch size applied: its batch fields and their notes, nothing else."""
         fields, notes = batch_fields(self.layout, self.request, data_batch_size)
         return replace(self, **fields, notes=(*notes, *self.setting_notes))
 
@@ -88,8 +78,7 @@ class Plan:
     def loader_batches(self) -> tuple[int | None, int]:
         """``(samples per training-loader batch on a process, loader batches per optimizer step)``.
 
-        What the sampler deals and Lightning's ``accumulate_grad_batches`` (a checkpoint's data position counts
-        these); where a layer splits each step itself (:attr:`splits_in_step`) a loader batch is a whole step.
+        What the sampler deals and Lightning's ``accumulate_grad_batches`` (a checkpoint's data position counts these).
         """
         if self.splits_in_step and self.per_device_batch_size is not None:
             return self.per_device_batch_size * self.accumulation, 1
@@ -118,10 +107,9 @@ class Plan:
 def resolve_plan(
     config: ParallelConfig, hardware: Hardware, environment: LaunchEnvironment, data_batch_size: int | None
 ) -> Plan:
-    """Resolve and validate the ``parallel`` section; ``data_batch_size`` ``None``: see :meth:`Plan.with_data_batch`.
+    """Resolve the ``parallel`` section; each invalid combination is a one-line error with the bad value and the fix.
 
-    Raises:
-        UserError: with the bad value, the rule and the fix, for every invalid combination.
+    ``data_batch_size`` may be ``None``: the ranks complete the plan with :meth:`Plan.with_data_batch`.
     """
     refuse_unknown_choices(config)
     environment = requested_launcher(config.launcher, environment)

@@ -1,7 +1,4 @@
-"""The scenarios: one row each, what devices it runs on and which strategy of the table runs it.
-
-Outside its strategy's row (:mod:`project.plan.strategies`) this is all of a scenario: nothing branches on its name.
-"""
+"""The scenarios: one row each, its devices and strategy; nothing else branches on a scenario's name."""
 
 from __future__ import annotations
 

@@ -32,13 +32,11 @@ class StrategyRow:
     checkpoint: Literal["file", "sharded"] = "file"
     #: Gradients are DTensors (each rank its shard): a finiteness check all-reduces the ranks' verdicts.
     grads_are_dtensors: bool = False
-    #: Each rank holds one pipeline stage's layers: export and checkpoints take the whole model from the strategy's
-    #: ``lightning_module_state_dict``, never from a rank's own parameters.
+    #: Each rank holds one pipeline stage: the whole model comes from the strategy's ``lightning_module_state_dict``.
     stages: bool = False
     #: What the strategy does with memory: the column of ``plan``'s memory table it runs (ddp, or a layer's).
     memory: str = "ddp"
-    #: The model-parallel degree (``tp``, ``pp``) this row runs where the scenario replicates the data (a sharding
-    #: scenario builds the degree into its own strategy: FSDP x TP).
+    #: The model-parallel degree (``tp``, ``pp``) that, above 1, picks this row under a replicating scenario.
     degree: str | None = None
     #: The Lightning strategy class (by name) that acts like this row as ``trainer.strategy`` (``parallel: null``).
     lightning_class: str | None = None
@@ -50,10 +48,7 @@ class StrategyRow:
 
 
 def is_interactive() -> bool:
-    """A notebook or REPL, where processes must be forked: Lightning's rule, or a running IPython shell.
-
-    Merely importing IPython (a test runner executing notebooks) does not count.
-    """
+    """A notebook or REPL, where processes must be forked (a running IPython shell; an imported IPython is not)."""
     if hasattr(sys, "ps1") or bool(sys.flags.interactive):
         return True
     get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
