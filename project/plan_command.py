@@ -144,12 +144,10 @@ def print_plan(cli: ProjectCLI) -> None:
     data["limits"] = limits_json(limits)
     if cli.config.get("parallel") is None:
         data["notes"] = [*data["notes"], "no parallel section: this is what `parallel.scenario: auto` would do"]
-    extra: dict[str, Any] = {}
-    shown: list[Any] = []
-    for report in hooks("plan_report"):  # a layer's parts (sharding: its units, styles, stages, memory table)
-        more, tables = report(cli, plan, data)
-        extra.update(more)
-        shown += tables
+    # Each layer's parts: JSON fields and printed tables (sharding: its units, styles, stages, memory table).
+    reports = [report(cli, plan, data) for report in hooks("plan_report")]
+    extra = {key: value for more, _ in reports for key, value in more.items()}
+    shown = [table for _, tables in reports for table in tables]
     if cli.config.get("json"):
         sys.stdout.write(json.dumps({**data, **extra}) + "\n")
         return

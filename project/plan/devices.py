@@ -17,13 +17,8 @@ class DeviceRequest:
     ids: tuple[int, ...] | None = None
 
     @property
-    def asks_all(self) -> bool:
-        """No count and no ids: every GPU (or the launcher's / the scenario's default)."""
-        return self.count is None and self.ids is None
-
-    @property
     def size(self) -> int | None:
-        """How many devices were asked for, if said."""
+        """How many devices were asked for; ``None``: all (or the launcher's / the scenario's default)."""
         return self.count if self.count is not None else (len(self.ids) if self.ids is not None else None)
 
 
@@ -57,7 +52,7 @@ def parse_devices(devices: Any) -> DeviceRequest:
 
 def gpu_ids(request: DeviceRequest, gpus: int) -> list[int] | None:
     """The GPU ids a request names on a machine with ``gpus`` GPUs; ``None`` means "all"."""
-    if request.asks_all:
+    if request.size is None:
         return None
     if request.count is not None:
         if request.count > gpus:

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from project.errors import UserError
-from project.plan.launchers import LAUNCHERS, LEGACY_LAUNCH, RAY, TORCHRUN, detect_launcher, read_int
+from project.plan.launchers import LAUNCHERS, LEGACY_LAUNCH, RAY, TORCHRUN, detect_launcher, read_int, read_ints
 
 LIGHTNING = "lightning"
 
@@ -51,15 +51,8 @@ def detect_environment(environ: Mapping[str, str] | None = None) -> LaunchEnviro
         row, fields = found
         return LaunchEnvironment(external=True, cluster_environment=row.cluster_environment, **fields, **common)
     # Lightning's launcher: the first process has no LOCAL_RANK; the ones it starts carry theirs.
-    return LaunchEnvironment(
-        launcher=LIGHTNING,
-        external=False,
-        world_size=read_int(env, "WORLD_SIZE"),
-        rank=read_int(env, "RANK") if "RANK" in env else None,
-        local_rank=read_int(env, "LOCAL_RANK"),
-        node_rank=read_int(env, "NODE_RANK"),
-        **common,
-    )
+    ranks = read_ints(env, world_size="WORLD_SIZE", rank="RANK", local_rank="LOCAL_RANK", node_rank="NODE_RANK")
+    return LaunchEnvironment(launcher=LIGHTNING, external=False, **ranks, **common)
 
 
 def refuse_missing_requirement(environment: LaunchEnvironment) -> None:

@@ -46,7 +46,7 @@ def read_int(environ: Mapping[str, str], key: str) -> int | None:
     return int(match.group(0)) if match else None
 
 
-def _read(env: Mapping[str, str], **keys: str) -> dict[str, int | None]:
+def read_ints(env: Mapping[str, str], **keys: str) -> dict[str, int | None]:
     """Each field from its variable, as :func:`read_int` reads it."""
     return {name: read_int(env, key) for name, key in keys.items()}
 
@@ -62,14 +62,14 @@ def _torchelastic(env: Mapping[str, str]) -> dict[str, Any]:
     return {
         "launcher": LEGACY_LAUNCH if env.get(LEGACY_FLAG_ENV) == "1" else TORCHRUN,
         **_sizes(env, "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
-        **_read(env, rank="RANK", local_rank="LOCAL_RANK", node_rank="GROUP_RANK"),
+        **read_ints(env, rank="RANK", local_rank="LOCAL_RANK", node_rank="GROUP_RANK"),
         "max_restarts": read_int(env, "TORCHELASTIC_MAX_RESTARTS"),
         "agent_store": env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
     }
 
 
 def _ray(env: Mapping[str, str]) -> dict[str, Any]:
-    ranks = _read(env, rank="RANK", local_rank="LOCAL_RANK", node_rank="NODE_RANK")
+    ranks = read_ints(env, rank="RANK", local_rank="LOCAL_RANK", node_rank="NODE_RANK")
     return {**_sizes(env, "WORLD_SIZE", "LOCAL_WORLD_SIZE"), **ranks}
 
 
@@ -81,14 +81,16 @@ def _kubeflow(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _slurm(env: Mapping[str, str]) -> dict[str, Any]:
-    sizes = _read(env, world_size="SLURM_NTASKS", local_world_size="SLURM_NTASKS_PER_NODE")
+    sizes = read_ints(env, world_size="SLURM_NTASKS", local_world_size="SLURM_NTASKS_PER_NODE")
     sizes["num_nodes"] = read_int(env, "SLURM_NNODES") or read_int(env, "SLURM_JOB_NUM_NODES")
-    return sizes | _read(env, rank="SLURM_PROCID", local_rank="SLURM_LOCALID", node_rank="SLURM_NODEID")
+    return sizes | read_ints(env, rank="SLURM_PROCID", local_rank="SLURM_LOCALID", node_rank="SLURM_NODEID")
 
 
 def _lsf(env: Mapping[str, str]) -> dict[str, Any]:
     # jsrun says nothing of the processes per node; Lightning reads the node from LSB_DJOB_RANKFILE at run time.
-    return _read(env, world_size="JSM_NAMESPACE_SIZE", rank="JSM_NAMESPACE_RANK", local_rank="JSM_NAMESPACE_LOCAL_RANK")
+    return read_ints(
+        env, world_size="JSM_NAMESPACE_SIZE", rank="JSM_NAMESPACE_RANK", local_rank="JSM_NAMESPACE_LOCAL_RANK"
+    )
 
 
 def _mpi_names(env: Mapping[str, str]) -> tuple[str, str, str, str] | None:
@@ -97,7 +99,7 @@ def _mpi_names(env: Mapping[str, str]) -> tuple[str, str, str, str] | None:
 
 def _mpi(env: Mapping[str, str]) -> dict[str, Any]:
     size, rank, local_rank, local_size = _mpi_names(env) or _MPI_NAMES[0]
-    return {**_sizes(env, size, local_size), **_read(env, rank=rank, local_rank=local_rank)}
+    return {**_sizes(env, size, local_size), **read_ints(env, rank=rank, local_rank=local_rank)}
 
 
 def _is_slurm(env: Mapping[str, str]) -> bool:

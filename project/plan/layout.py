@@ -130,9 +130,9 @@ def resolve_scenario(config: ParallelConfig, request: DeviceRequest, hardware: H
     return "ddp" if hardware.gpus > 1 and request.size != 1 else "single"
 
 
-def _take_launcher_value(name: str, asked: int | None, given: int | None, launcher: str) -> int | None:
-    """An outside launcher fixes the layout: take its number, or refuse a config that disagrees."""
-    if given is None:
+def _launcher_value(name: str, asked: int | None, given: int | None, launcher: str | None) -> int | None:
+    """An outside launcher (``None``: none) fixes the layout: take its number, or refuse a config that disagrees."""
+    if launcher is None or given is None:
         return asked
     if asked is not None and asked != given:
         source = _LAUNCHER_SOURCES.get(launcher, _ELASTIC_SOURCES)[name]
@@ -161,7 +161,7 @@ def _gpu_devices(
                 )
             ids = list(range(local))
         elif ids is not None:
-            _take_launcher_value("devices", len(ids), local, environment.launcher)
+            _launcher_value("devices", len(ids), local, environment.launcher)
     return ids if ids is not None else list(range(hardware.gpus))
 
 
@@ -172,16 +172,11 @@ def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: Laun
     if config.num_nodes is not None and config.num_nodes < 1:
         raise UserError(f"parallel.num_nodes={config.num_nodes} must be >= 1")
     external = environment.launcher if environment.external else None
-    num_nodes = config.num_nodes
-    if external:
-        num_nodes = _take_launcher_value("num_nodes", num_nodes, environment.num_nodes, external)
-    num_nodes = num_nodes or 1
+    num_nodes = _launcher_value("num_nodes", config.num_nodes, environment.num_nodes, external) or 1
     devices: list[int] | int
     row = SCENARIOS[scenario]
     if row.devices == "cpu" or (row.devices == "any" and hardware.gpus == 0):
-        count = cpu_processes(request, scenario)
-        if external:
-            count = _take_launcher_value("devices", count, environment.local_world_size, external)
+        count = _launcher_value("devices", cpu_processes(request, scenario), environment.local_world_size, external)
         devices, accelerator = count or 1, "cpu"
     else:
         devices, accelerator = _gpu_devices(scenario, request, hardware, environment), "gpu"

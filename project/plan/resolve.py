@@ -48,8 +48,7 @@ class Plan:
     precision: str = "32"
     #: The per-device batch, or a layer's ``auto`` (microbatch) until its search at the start of ``fit`` picks a size.
     micro_batch: int | str | None = None
-    #: A layer splits each process's step into micro-batches itself (microbatch ``auto``): the loader hands each
-    #: process its whole step, and Lightning accumulates nothing (:attr:`loader_batches`).
+    #: A layer (microbatch ``auto``) splits each step itself: a loader batch is a whole step (:attr:`loader_batches`).
     splits_in_step: bool = False
     #: What layers add to plan.json (microbatch: ``micro_batch_trials``).
     records: dict[str, Any] = field(default_factory=dict)

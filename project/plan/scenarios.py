@@ -27,8 +27,7 @@ class Scenario:
     max_gpus: int | None = None
 
 
-#: The core's rows; each layer adds its own (a layer's ``scenarios``). ``auto`` is not a row: it becomes ``ddp``,
-#: ``single`` or ``cpu`` for the machine (project.plan.layout).
+#: The core's rows; each layer adds its own (a layer's ``scenarios``). ``auto`` is not a row (:data:`AUTO_SCENARIO`).
 CORE_SCENARIOS: dict[str, Scenario] = {
     "cpu": Scenario("cpu", "ddp", composes=("tp", "pp")),
     "single": Scenario("gpu", "single_device", max_gpus=1),
@@ -44,5 +43,4 @@ from project.layers import rows  # noqa: E402
 SCENARIOS: dict[str, Scenario] = {**CORE_SCENARIOS, **rows("scenarios")}
 #: The value of ``parallel.scenario`` that is not a row: the machine decides (project.plan.layout.resolve_scenario).
 AUTO_SCENARIO = "auto"
-#: Every value ``parallel.scenario`` takes.
 SCENARIO_NAMES: tuple[str, ...] = (AUTO_SCENARIO, *SCENARIOS)
