@@ -75,9 +75,8 @@ def trainer_limits(trainer: Any) -> SimpleNamespace:
     # Lightning's defaults (None: all batches); fast_dev_run N sets every limit to N and validates each epoch.
     limits = {key: int(fast) if fast else (1.0 if value is None else value) for key, value in limits.items()}
     interval = 1.0 if fast or trainer.get("val_check_interval") is None else trainer.get("val_check_interval")
-    return SimpleNamespace(
-        **limits, val_check_interval=interval, check_val_every_n_epoch=trainer.get("check_val_every_n_epoch")
-    )
+    every = trainer.get("check_val_every_n_epoch")
+    return SimpleNamespace(**limits, val_check_interval=interval, check_val_every_n_epoch=every)
 
 
 EVAL_STAGES = {"validation": ("val_dataloader", "validate"), "test": ("test_dataloader", "test")}
@@ -85,10 +84,7 @@ EVAL_STAGES["predict"] = ("predict_dataloader", "predict")
 
 
 def plan_limits(cli: ProjectCLI, plan: Plan, loader: Any) -> dict[str, list[Limit | str]]:
-    """What each ``limit_*_batches`` keeps under ``plan``, in samples (nothing without the training ``loader``).
-
-    Refuses, as ``fit`` would, a ``val_check_interval`` that validation could never reach.
-    """
+    """What each ``limit_*_batches`` keeps, in samples; refuses, as ``fit`` would, a validation it could never reach."""
     data, per_device = cli.datamodule, plan.per_device_batch_size
     if data is None or per_device is None or loader is None:
         return {}

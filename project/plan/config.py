@@ -38,17 +38,14 @@ class CoreParallelConfig:
     reads stays flat. A flat name that moved is refused with its new one (:data:`MOVED_FIELDS`).
 
     Args:
-        scenario: auto (every GPU, one GPU, or the CPU), or a row of the scenario table (docs/parallel.md shows each
-            as the raw PyTorch it replaces).
+        scenario: auto (every GPU, one GPU, or the CPU), or a row of the scenario table (docs/parallel.md shows each).
         devices: "all", a count N, or a list of GPU ids (``[0, 1, 2]`` or ``"0,1,2"``); on CPU the number of
             processes. ``None``: the scenario's default (all GPUs, 1 CPU process, or what torchrun started).
         num_nodes: Machines in the job; ``None`` means 1, or what the launcher says.
-        global_batch_size: Samples per optimizer step over all processes; ``None`` keeps the training loader's
-            ``batch_size`` (per device for ddp/cpu, global for dp).
+        global_batch_size: Samples per optimizer step over all processes; ``None``: from the loader's ``batch_size``.
         per_device_batch_size: Samples per micro-batch on one device (what fits in its memory).
         accumulation: Micro-batches per optimizer step; any two of global, per-device and accumulation decide the third.
-        micro_batch: ``per_device_batch_size``'s other name, or ``auto``: the largest that fits on every rank, found
-            by trial steps at the start of ``fit`` (docs/parallel.md, "Automatic micro-batch").
+        micro_batch: ``per_device_batch_size``'s other name, or ``auto``: the largest that fits (docs/parallel.md).
         backend: auto (nccl on GPUs, gloo on CPU) | nccl | gloo.
         sync_batchnorm: Convert BatchNorm to SyncBatchNorm (GPUs only).
         timeout_s: Seconds a collective of the process group may wait before failing.
@@ -58,8 +55,7 @@ class CoreParallelConfig:
         precision: 32 | 64 (float64 everywhere) | bf16-mixed | 16-mixed (GPUs only): the Trainer's precision.
         ddp: DDP's flags (``find_unused_parameters``, ``broadcast_buffers``).
         cpu_threads: Intra-op threads of each CPU process; ``None``: the cores shared evenly (or ``OMP_NUM_THREADS``).
-        stop_signals: Signals that stop a fit at the same step on every rank, save it and exit with code 75
-            (preempted, resumable), whichever rank gets them first (docs/reliability.md).
+        stop_signals: Signals that stop a fit at the same step on every rank, save it and exit 75 (docs/reliability.md).
         stop_grace_s: Seconds from the first signal within which the process ends, saved or not (SLURM's KillWait: 30).
     """
 
@@ -132,7 +128,5 @@ def refuse_unknown_choices(config: Any, prefix: str = "parallel") -> None:
         value = getattr(config, name)
         if is_dataclass(value):
             refuse_unknown_choices(value, f"{prefix}.{name}")
-            continue
-        choices = get_args(hint) if get_origin(hint) is Literal else ()
-        if choices and value not in choices:
+        elif get_origin(hint) is Literal and value not in (choices := get_args(hint)):
             raise UserError(f"{prefix}.{name}={value!r} is not one of {', '.join(map(str, choices))}")

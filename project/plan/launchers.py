@@ -18,15 +18,13 @@ KUBEFLOW = "kubeflow"
 RAY = "ray"
 LSF = "lsf"
 MPI = "mpi"
-#: Set by the CLI when it removed a legacy ``--local_rank`` argument (project.launch.legacy), so that child code can
-#: tell torch.distributed.launch from torchrun (both run TorchElastic's agent).
+#: Set by the CLI when it removed a legacy ``--local_rank``: torch.distributed.launch, not torchrun (both TorchElastic).
 LEGACY_FLAG_ENV = "PROJECT_LEGACY_LAUNCH"
 
 # What Ray Train sets in each worker (ray.train.torch's TorchConfig), beside the raylet's RAY_RAYLET_PID.
 _RAY_WORKER_VARS = ("RAY_RAYLET_PID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
-# What the Kubeflow training operator sets in each PyTorchJob pod (one process per pod).
+# What the Kubeflow training operator sets in each PyTorchJob pod (one process per pod); the kubelet, in every pod.
 _KUBEFLOW_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
-# Set in every Kubernetes pod by the kubelet.
 _KUBERNETES_VARS = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_PORT")
 # Lightning's LSFEnvironment.detect: a jsrun launch.
 _LSF_VARS = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE")

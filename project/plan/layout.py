@@ -17,10 +17,9 @@ _LAUNCHER_SOURCES = {
     "kubeflow": {"devices": "one process per pod", "num_nodes": "the PyTorchJob's replicas (WORLD_SIZE)"},
     "ray": {"devices": "the workers Ray placed on this node (LOCAL_WORLD_SIZE)", "num_nodes": "Ray's placement"},
 }
-_ELASTIC_SOURCES = {
-    "devices": "--nproc_per_node (LOCAL_WORLD_SIZE)",
-    "num_nodes": "--nnodes (WORLD_SIZE / LOCAL_WORLD_SIZE)",
-}
+_ELASTIC_SOURCES = dict(
+    devices="--nproc_per_node (LOCAL_WORLD_SIZE)", num_nodes="--nnodes (WORLD_SIZE / LOCAL_WORLD_SIZE)"
+)
 
 
 class LaunchMismatchError(UserError):
@@ -33,11 +32,7 @@ MESH_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "tp")
 
 @dataclass(frozen=True)
 class Layout:
-    """The scenario, devices on each node, nodes, and the parallel degrees (like torchtitan's ``ParallelDims``).
-
-    ``pp x dp_replicate x dp_shard x tp`` must equal the world size. Whatever needs the data-parallel size (samplers,
-    seeds, messages) asks :attr:`dp_size`, never the world size.
-    """
+    """The scenario, devices per node, nodes, and the parallel degrees, whose product is the world size."""
 
     scenario: str
     accelerator: str

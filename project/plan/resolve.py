@@ -1,8 +1,4 @@
-"""The ``parallel`` section resolved into a frozen, printable :class:`Plan`.
-
-A pure function of (config, hardware, launch environment, data batch size): it starts no process and touches no
-GPU, so every scenario x hardware case is a unit test. The ranks build the strategy from it (project.parallel).
-"""
+"""The ``parallel`` section resolved into a :class:`Plan`: pure (no process, no GPU), so each case is a unit test."""
 
 from __future__ import annotations
 
@@ -52,7 +48,6 @@ class Plan:
     splits_in_step: bool = False
     #: What layers add to plan.json (microbatch: ``micro_batch_trials``).
     records: dict[str, Any] = field(default_factory=dict)
-    #: What the batch fields were resolved from.
     request: BatchRequest = field(default_factory=BatchRequest, repr=False)
     #: The notes that do not depend on the batch.
     setting_notes: tuple[str, ...] = field(default_factory=tuple, repr=False)
@@ -77,7 +72,7 @@ class Plan:
     def loader_batches(self) -> tuple[int | None, int]:
         """``(samples per training-loader batch on a process, loader batches per optimizer step)``.
 
-        What the sampler deals and Lightning's ``accumulate_grad_batches`` (a checkpoint's data position counts these).
+        What the sampler deals and Lightning's ``accumulate_grad_batches``; a checkpoint's data position counts these.
         """
         if self.splits_in_step and self.per_device_batch_size is not None:
             return self.per_device_batch_size * self.accumulation, 1
@@ -106,10 +101,7 @@ class Plan:
 def resolve_plan(
     config: ParallelConfig, hardware: Hardware, environment: LaunchEnvironment, data_batch_size: int | None
 ) -> Plan:
-    """Resolve the ``parallel`` section; each invalid combination is a one-line error with the bad value and the fix.
-
-    ``data_batch_size`` may be ``None``: the ranks complete the plan with :meth:`Plan.with_data_batch`.
-    """
+    """Resolve the ``parallel`` section (``data_batch_size`` ``None``: the ranks complete it); errors say the fix."""
     refuse_unknown_choices(config)
     environment = requested_launcher(config.launcher, environment)
     layout = resolve_layout(config, hardware, environment)

@@ -86,7 +86,6 @@ CORE_STRATEGIES: dict[str, StrategyRow] = {
     # DDP whose ranks are forked from this process (Lightning's ddp_notebook): what Jupyter needs.
     "ddp_fork": StrategyRow(args="project.plan.strategies:ddp_fork_args", build=_DDP),
 }
-#: The strategy of one process.
 ONE_PROCESS = "single_device"
 # At the end of the module: a layer's rows are StrategyRow instances, so its module imports this one first.
 from project.layers import rows  # noqa: E402
