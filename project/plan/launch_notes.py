@@ -15,8 +15,7 @@ def describe_launch(environment: LaunchEnvironment, per_node: int, num_nodes: in
     world_size = per_node * num_nodes
     if environment.launcher == RAY and environment.rank is None:  # the Ray driver: it runs no rank itself
         where = f"the Ray cluster at {environment.address}" if environment.address else "a local Ray instance"
-        launch = {"workers": world_size, "address": environment.address or "local"}
-        return launch, [
+        return {"workers": world_size, "address": environment.address or "local"}, [
             f"ray: this command submits a Ray Train job of {world_size} worker(s) to {where} and waits; each "
             "worker runs the same command (no rank runs in this process)"
         ]

@@ -17,9 +17,10 @@ _LAUNCHER_SOURCES = {
     "kubeflow": {"devices": "one process per pod", "num_nodes": "the PyTorchJob's replicas (WORLD_SIZE)"},
     "ray": {"devices": "the workers Ray placed on this node (LOCAL_WORLD_SIZE)", "num_nodes": "Ray's placement"},
 }
-_ELASTIC_SOURCES = dict(
-    devices="--nproc_per_node (LOCAL_WORLD_SIZE)", num_nodes="--nnodes (WORLD_SIZE / LOCAL_WORLD_SIZE)"
-)
+_ELASTIC_SOURCES = {
+    "devices": "--nproc_per_node (LOCAL_WORLD_SIZE)",
+    "num_nodes": "--nnodes (WORLD_SIZE / LOCAL_WORLD_SIZE)",
+}
 
 
 class LaunchMismatchError(UserError):
@@ -54,7 +55,7 @@ class Layout:
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel degree: replicas x shards (the ranks that train on different data). Computed only here."""
+        """Data-parallel degree (replicas x shards): what samplers, seeds and messages ask, never the world size."""
         return self.dp_replicate * self.dp_shard
 
     @property

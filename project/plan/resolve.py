@@ -108,8 +108,7 @@ def resolve_plan(
     backend = resolve_backend(config, layout)
     request = BatchRequest.of(config)
     batch, batch_notes = batch_fields(layout, request, data_batch_size)
-    external = environment.external
-    start_method = "fork" if is_interactive() and not external else "popen"
+    start_method = "fork" if is_interactive() and not environment.external else "popen"
     strategy = strategy_name(layout)
     launch, launch_notes = describe_launch(environment, layout.per_node, layout.num_nodes)
     settings = (*setting_notes(config, layout, strategy, start_method), *launch_notes)
@@ -119,7 +118,7 @@ def resolve_plan(
         strategy_args=import_object(STRATEGIES[strategy].args)(config, start_method),
         **batch,
         backend=backend,
-        launcher=environment.launcher if (external or layout.world_size > 1) else "none",
+        launcher=environment.launcher if (environment.external or layout.world_size > 1) else "none",
         launch=launch,
         sync_batchnorm=config.sync_batchnorm,
         notes=(*batch_notes, *settings),
