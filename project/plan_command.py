@@ -32,8 +32,7 @@ if TYPE_CHECKING:
 
 
 def training_loader(datamodule: Any) -> tuple[Any, str | None]:
-    """The training loader from ``setup("fit")`` alone, never ``prepare_data`` (downloads, files); else why not."""
-    # setup writes nothing by Lightning's rules (it runs on every process); prepare_data is where files are written.
+    """The training loader from ``setup("fit")`` alone, which writes nothing, never ``prepare_data``; else why not."""
     if datamodule is None:
         return None, None
     try:
@@ -53,8 +52,7 @@ def configured_batch_size(datamodule: Any) -> int | None:
 
 
 def resolve_for_plan(cli: ProjectCLI, loader: Any, unbuilt: str | None) -> Plan:
-    """The plan ``fit`` would resolve; without the loader (``unbuilt``: why) from the config's batch size, said so."""
-    # A layout an outside launcher would refuse is shown with the reason.
+    """The plan ``fit`` would resolve (without the loader, ``unbuilt`` says why); a launcher's refusal is a note."""
     environment = detect_environment()
     data_batch = getattr(loader, "batch_size", None) if loader is not None else configured_batch_size(cli.datamodule)
     notes: tuple[str, ...] = ()
@@ -77,9 +75,8 @@ def trainer_limits(trainer: Any) -> SimpleNamespace:
     # Lightning's defaults (None: all batches); fast_dev_run N sets every limit to N and validates each epoch.
     limits = {key: int(fast) if fast else (1.0 if value is None else value) for key, value in limits.items()}
     interval = 1.0 if fast or trainer.get("val_check_interval") is None else trainer.get("val_check_interval")
-    return SimpleNamespace(
-        **limits, val_check_interval=interval, check_val_every_n_epoch=trainer.get("check_val_every_n_epoch")
-    )
+    every = trainer.get("check_val_every_n_epoch")
+    return SimpleNamespace(**limits, val_check_interval=interval, check_val_every_n_epoch=every)
 
 
 EVAL_STAGES = {"validation": ("val_dataloader", "validate"), "test": ("test_dataloader", "test")}
@@ -87,11 +84,7 @@ EVAL_STAGES["predict"] = ("predict_dataloader", "predict")
 
 
 def plan_limits(cli: ProjectCLI, plan: Plan, loader: Any) -> dict[str, list[Limit | str]]:
-    """What each ``limit_*_batches`` keeps under ``plan``, in samples, for the loaders the datamodule has.
-
-    ``loader`` is the training loader (``None``: not built, nothing counted). Refuses, as ``fit`` would before
-    training, a ``val_check_interval`` that validation could never reach.
-    """
+    """What each ``limit_*_batches`` keeps, in samples; refuses, as ``fit`` would, a validation it could never reach."""
     data, per_device = cli.datamodule, plan.per_device_batch_size
     if data is None or per_device is None or loader is None:
         return {}
@@ -126,9 +119,7 @@ def plan_limits(cli: ProjectCLI, plan: Plan, loader: Any) -> dict[str, list[Limi
 
 def limits_json(limits: dict[str, list[Limit | str]]) -> dict[str, Any]:
     """``plan --json``'s ``limits``: per stage one limit (or a list, for several loaders), as plan.json records it."""
-    items = {
-        stage: [x.to_dict() if isinstance(x, Limit) else {"note": x} for x in found] for stage, found in limits.items()
-    }
+    items = {stage: [x.to_dict() if isinstance(x, Limit) else {"note": x} for x in f] for stage, f in limits.items()}
     return {stage: found[0] if len(found) == 1 else found for stage, found in items.items()}
 
 
@@ -145,17 +136,14 @@ def print_plan(cli: ProjectCLI) -> None:
     plan = resolve_for_plan(cli, loader, unbuilt)
     # What fit would refuse before starting, plan refuses alike (the plan of a run that cannot start misleads).
     refuse_manual_accumulation(cli.model, plan.accumulation, cli.state.section, plan)
-    data = plan.to_dict()
-    limits = plan_limits(cli, plan, loader)
+    data, limits = plan.to_dict(), plan_limits(cli, plan, loader)
     data["limits"] = limits_json(limits)
     if cli.config.get("parallel") is None:
         data["notes"] = [*data["notes"], "no parallel section: this is what `parallel.scenario: auto` would do"]
-    extra: dict[str, Any] = {}
-    shown: list[Any] = []
-    for report in hooks("plan_report"):  # a layer's parts (sharding: its units, styles, stages, memory table)
-        more, tables = report(cli, plan, data)
-        extra.update(more)
-        shown += tables
+    # Each layer's parts: JSON fields and printed tables (sharding: its units, styles, stages, memory table).
+    reports = [report(cli, plan, data) for report in hooks("plan_report")]
+    extra = {key: value for more, _ in reports for key, value in more.items()}
+    shown = [table for _, tables in reports for table in tables]
     if cli.config.get("json"):
         sys.stdout.write(json.dumps({**data, **extra}) + "\n")
         return

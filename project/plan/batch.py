@@ -1,9 +1,4 @@
-"""The batch math in one place: per-device batch x data-parallel size x accumulation = global batch.
-
-Any two of (global batch, per-device batch, accumulation) decide the third, at the plan's world size;
-what is not given comes from the training loader's own ``batch_size`` (per device under ddp/cpu, global
-under dp) and an accumulation of 1.
-"""
+"""The batch math in one place: per-device batch x data-parallel size x accumulation = global batch."""
 
 from __future__ import annotations
 
@@ -18,10 +13,7 @@ from project.plan.scenarios import SCENARIOS
 
 @dataclass(frozen=True)
 class BatchSizes:
-    """Samples per micro-batch on one process, per optimizer step over all processes, and micro-batches per step.
-
-    ``per_device`` and ``global_`` are ``None`` while the data batch is unknown and nothing decides them.
-    """
+    """Samples per micro-batch on one process and per optimizer step (``None`` until known), and the accumulation."""
 
     per_device: int | None
     global_: int | None
@@ -43,12 +35,7 @@ def _split(global_: int, parts: int, name: str, what: str) -> int:
 
 
 def per_device_request(per_device_batch_size: int | None, micro_batch: int | str | None) -> int | None:
-    """``per_device_batch_size`` as the section asks it, with ``micro_batch`` (its other name).
-
-    Raises:
-        UserError: ``auto``, which only the microbatch layer understands (it takes it before the plan is resolved),
-            a size that is not a number of samples, or two different sizes.
-    """
+    """``per_device_batch_size``, or ``micro_batch`` (its other name; ``auto`` is the microbatch layer's)."""
     if micro_batch == "auto":
         raise UserError(
             "parallel.micro_batch=auto needs the microbatch layer (project/extras/microbatch), which this checkout "
@@ -74,30 +61,15 @@ def resolve_batch(
     size_name: str = "world size",
     micro_batch: int | str | None = None,
 ) -> BatchSizes:
-    """(per-device, global, accumulation) from what was given; dp reads the data batch size as global.
+    """(per-device, global, accumulation): any two given decide the third, else the loader's batch size decides.
 
-    Args:
-        data_batch_is_global: The scenario reads the loader's batch as global and splits it (``dp``).
-        global_batch_size: ``parallel.global_batch_size``.
-        data_batch_size: The batch size of the training loader the datamodule returns.
-        dp_size: The data-parallel size: processes that train on different data (all of them, unless tensor
-            parallel groups or pipeline stages share theirs).
-        per_device_batch_size: ``parallel.per_device_batch_size``: what fits on one device.
-        accumulation: ``parallel.accumulation``: micro-batches per optimizer step.
-        size_name: What messages call ``dp_size`` ("data-parallel size" under model parallelism).
-        micro_batch: ``parallel.micro_batch``: another name of ``per_device_batch_size``.
-
-    Raises:
-        UserError: a size below 1, numbers that do not divide, or three numbers that disagree.
+    The loader's batch is per device, or global where ``data_batch_is_global`` (``dp``); ``dp_size``: the processes
+    that train on different data, called ``size_name`` in messages.
     """
     per_device_batch_size = per_device_request(per_device_batch_size, micro_batch)
-    given = (
-        ("parallel.global_batch_size", global_batch_size),
-        ("parallel.per_device_batch_size", per_device_batch_size),
-        ("parallel.accumulation", accumulation),
-        ("data batch_size", data_batch_size),
-    )
-    for name, value in given:
+    given = {"parallel.global_batch_size": global_batch_size, "parallel.per_device_batch_size": per_device_batch_size}
+    given |= {"parallel.accumulation": accumulation, "data batch_size": data_batch_size}
+    for name, value in given.items():
         if value is not None and value < 1:
             raise UserError(f"{name}={value} must be >= 1")
     from_data = global_batch_size is None and data_batch_is_global and per_device_batch_size is None
@@ -167,23 +139,9 @@ def batch_fields(
     layout: Layout, request: BatchRequest, data_batch_size: int | None
 ) -> tuple[dict[str, Any], list[str]]:
     """The plan's batch fields for ``data_batch_size``, and the notes that explain them."""
-    size_name = layout.dp_size_name
-    scenario = SCENARIOS[layout.scenario]
-    batch = resolve_batch(
-        scenario.data_batch_is_global,
-        request.global_batch_size,
-        data_batch_size,
-        layout.dp_size,
-        request.per_device_batch_size,
-        request.accumulation,
-        size_name,
-        request.micro_batch,
-    )
-    notes = _batch_notes(scenario.data_batch_is_global, batch)
-    fields = {
-        "micro_batch": batch.per_device,
-        "per_device_batch_size": batch.per_device,
-        "global_batch_size": batch.global_,
-        "accumulation": batch.accumulation,
-    }
-    return fields, notes
+    global_data = SCENARIOS[layout.scenario].data_batch_is_global
+    asked = (request.global_batch_size, data_batch_size, layout.dp_size, request.per_device_batch_size)
+    batch = resolve_batch(global_data, *asked, request.accumulation, layout.dp_size_name, request.micro_batch)
+    fields = {"micro_batch": batch.per_device, "per_device_batch_size": batch.per_device}
+    fields |= {"global_batch_size": batch.global_, "accumulation": batch.accumulation}
+    return fields, _batch_notes(global_data, batch)

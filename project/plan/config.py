@@ -22,8 +22,7 @@ class DdpOptions:
 
     Args:
         find_unused_parameters: DDP's flag for models whose forward skips parameters.
-        broadcast_buffers: The seed's DDP flag: copy rank 0's buffers (BatchNorm statistics) to every rank at each
-            forward. The seed sets it False.
+        broadcast_buffers: Copy rank 0's buffers (BatchNorm statistics) to every rank each forward (the seed: False).
     """
 
     find_unused_parameters: bool = False
@@ -35,49 +34,29 @@ class DdpOptions:
 class CoreParallelConfig:
     """The ``parallel`` config section.
 
-    Each strategy's own options sit in its subsection (``ddp``, and each layer's own, :func:`with_subsections`):
-    they mean something to that strategy alone, so a reader sees which options a scenario
-    reads, and a new strategy or degree adds a subsection, not more flat fields. What every strategy reads stays
-    flat: the batch (global, per-device, accumulation, micro-batch), the processes and their
-    launcher (devices, num_nodes, backend, timeout_s, launcher), the model's precision and conversions that apply
-    under any strategy (precision, compile, sync_batchnorm), threads and stops. A flat name that moved
-    is refused with its new one (:data:`MOVED_FIELDS`).
+    One strategy's options sit in its subsection (``ddp``, each layer's: :func:`with_subsections`); what every strategy
+    reads stays flat. A flat name that moved is refused with its new one (:data:`MOVED_FIELDS`).
 
     Args:
-        scenario: auto (every GPU, one GPU, or the CPU), or a row of the scenario table
-            (project/plan/scenarios.py; its comments say what each is, docs/parallel.md shows each as the raw
-            PyTorch it replaces): the choices are listed above.
-        devices: "all", a count N, or a list of GPU ids (``[0, 1, 2]`` or ``"0,1,2"``); on CPU the
-            number of processes. ``None`` means the scenario's default (all GPUs, 1 CPU process, or
-            what an outside launcher such as torchrun started).
+        scenario: auto (every GPU, one GPU, or the CPU), or a row of the scenario table (docs/parallel.md shows each).
+        devices: "all", a count N, or a list of GPU ids (``[0, 1, 2]`` or ``"0,1,2"``); on CPU the number of
+            processes. ``None``: the scenario's default (all GPUs, 1 CPU process, or what torchrun started).
         num_nodes: Machines in the job; ``None`` means 1, or what the launcher says.
-        global_batch_size: Samples per optimizer step over all processes; ``None`` keeps the data
-            batch size (the training loader's ``batch_size``: per device for ddp/cpu, global for dp).
-        per_device_batch_size: Samples per micro-batch on one device (what fits in its memory); with
-            ``global_batch_size`` it decides the accumulation.
-        accumulation: Micro-batches per optimizer step (gradient accumulation; the all-reduce runs on
-            the last one only). Any two of global, per-device and accumulation decide the third.
-        micro_batch: Samples per device per forward/backward: an integer (the same as
-            ``per_device_batch_size``), or ``auto``: the largest that fits on every rank, found by trial steps
-            at the start of ``fit`` and made smaller by every rank when a later step runs out of memory on
-            one; the global batch stays fixed and the accumulation follows (docs/parallel.md, "Automatic
-            micro-batch").
+        global_batch_size: Samples per optimizer step over all processes; ``None``: from the loader's ``batch_size``.
+        per_device_batch_size: Samples per micro-batch on one device (what fits in its memory).
+        accumulation: Micro-batches per optimizer step; any two of global, per-device and accumulation decide the third.
+        micro_batch: ``per_device_batch_size``'s other name, or ``auto``: the largest that fits (docs/parallel.md).
         backend: auto (nccl on GPUs, gloo on CPU) | nccl | gloo.
         sync_batchnorm: Convert BatchNorm to SyncBatchNorm (GPUs only).
-        timeout_s: Seconds a collective of the process group may wait before failing (the barrier
-            callback has its own ``timeout_s``).
-        launcher: auto (Lightning's launcher, or the outside one that started the processes: torchrun,
-            SLURM, Kubeflow) | ray (the same run as a Ray Train job: the ray layer, ``pip install -e .[ray]``).
+        timeout_s: Seconds a collective of the process group may wait before failing.
+        launcher: auto (Lightning's launcher, or the outside one that started the processes: torchrun, SLURM,
+            Kubeflow) | ray (the same run as a Ray Train job: the ray layer, ``pip install -e .[ray]``).
         compile: Apply ``torch.compile`` to the model after the DDP/FSDP wrap (the compile layer; refused without).
-        precision: 32 | 64 (float64 everywhere: equivalences without float noise) | bf16-mixed | 16-mixed (GPUs
-            only): the Trainer's precision, owned by the plan.
+        precision: 32 | 64 (float64 everywhere) | bf16-mixed | 16-mixed (GPUs only): the Trainer's precision.
         ddp: DDP's flags (``find_unused_parameters``, ``broadcast_buffers``).
-        cpu_threads: Intra-op threads of each CPU process; ``None``: the cores shared evenly among the
-            processes of the node (``OMP_NUM_THREADS``, when set, stands).
-        stop_signals: The signals that stop a fit at the same step on every rank, save that step and exit with
-            code 75 (preempted, resumable), whichever rank gets them first (docs/reliability.md).
-        stop_grace_s: Seconds from the first signal within which the process ends, saved or not (SLURM kills
-            after its KillWait, 30 s by default).
+        cpu_threads: Intra-op threads of each CPU process; ``None``: the cores shared evenly (or ``OMP_NUM_THREADS``).
+        stop_signals: Signals that stop a fit at the same step on every rank, save it and exit 75 (docs/reliability.md).
+        stop_grace_s: Seconds from the first signal within which the process ends, saved or not (SLURM's KillWait: 30).
     """
 
     scenario: Scenario = "auto"
@@ -107,9 +86,8 @@ class CoreParallelConfig:
 
 #: The subsections of ``parallel``, by field name: the core's ``ddp``, then each installed layer's.
 SUBSECTIONS: dict[str, Any] = {"ddp": DdpOptions, **rows("parallel")}
-#: The flat names of earlier versions -> their place now (``sharding`` -> ``fsdp.sharding``): the parser's error for
-#: an old name says its new one (project.config_errors). A subsection whose options were flat once says so
-#: (``moved_from_flat = True``, a class attribute).
+#: Flat names of earlier versions -> their place now (``sharding`` -> ``fsdp.sharding``), for the parser's error, from
+#: each subsection whose class says ``moved_from_flat = True``.
 MOVED_FIELDS: dict[str, str] = {
     option.name: f"{name}.{option.name}"
     for name, kind in SUBSECTIONS.items()
@@ -119,11 +97,7 @@ MOVED_FIELDS: dict[str, str] = {
 
 
 def with_subsections(base: type, subsections: dict[str, Any]) -> type:
-    """``ParallelConfig``: the core's fields and, after them, each layer's subsection as a typed field.
-
-    A dataclass still (jsonargparse reads its fields and docstring, so ``--parallel.fsdp.sharding`` parses as
-    typed); its docstring lists each added subsection by the first line of the subsection's own.
-    """
+    """``ParallelConfig``: the core's fields, then each layer's subsection (its help: its docstring's first line)."""
     added = {name: kind for name, kind in subsections.items() if not any(f.name == name for f in fields(base))}
     doc = str(base.__doc__).rstrip()
     for name, kind in added.items():
@@ -149,18 +123,10 @@ class Hardware:
 
 
 def refuse_unknown_choices(config: Any, prefix: str = "parallel") -> None:
-    """Every ``Literal`` field of the section and its subsections holds one of its choices.
-
-    A config built in code skips the parser, which checks them otherwise.
-
-    Raises:
-        UserError: naming the field, the value and the choices.
-    """
+    """Refuse a ``Literal`` field of the section or its subsections outside its choices (code skips the parser)."""
     for name, hint in get_type_hints(type(config)).items():
         value = getattr(config, name)
         if is_dataclass(value):
             refuse_unknown_choices(value, f"{prefix}.{name}")
-            continue
-        choices = get_args(hint) if get_origin(hint) is Literal else ()
-        if choices and value not in choices:
+        elif get_origin(hint) is Literal and value not in (choices := get_args(hint)):
             raise UserError(f"{prefix}.{name}={value!r} is not one of {', '.join(map(str, choices))}")

@@ -17,13 +17,8 @@ class DeviceRequest:
     ids: tuple[int, ...] | None = None
 
     @property
-    def asks_all(self) -> bool:
-        """No count and no ids: every GPU (or the launcher's / the scenario's default)."""
-        return self.count is None and self.ids is None
-
-    @property
     def size(self) -> int | None:
-        """How many devices were asked for, if said."""
+        """How many devices were asked for; ``None``: all (or the launcher's / the scenario's default)."""
         return self.count if self.count is not None else (len(self.ids) if self.ids is not None else None)
 
 
@@ -57,7 +52,7 @@ def parse_devices(devices: Any) -> DeviceRequest:
 
 def gpu_ids(request: DeviceRequest, gpus: int) -> list[int] | None:
     """The GPU ids a request names on a machine with ``gpus`` GPUs; ``None`` means "all"."""
-    if request.asks_all:
+    if request.size is None:
         return None
     if request.count is not None:
         if request.count > gpus:
@@ -67,12 +62,10 @@ def gpu_ids(request: DeviceRequest, gpus: int) -> list[int] | None:
             )
         return list(range(request.count))
     ids = list(request.ids or ())
-    bad = [i for i in ids if i >= gpus]
-    if bad:
+    if bad := [i for i in ids if i >= gpus]:
         valid = f"0..{gpus - 1}" if gpus else "none: no GPU is visible"
         raise UserError(f"parallel.devices={ids}: GPU id(s) {bad} do not exist (valid ids: {valid})")
-    repeated = sorted({i for i in ids if ids.count(i) > 1})
-    if repeated:
+    if repeated := sorted({i for i in ids if ids.count(i) > 1}):
         raise UserError(f"parallel.devices={ids} repeats GPU id(s) {repeated}; list each GPU once")
     return ids
 

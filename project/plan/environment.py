@@ -1,10 +1,4 @@
-"""What launched us, and the layout it imposes, read from environment variables.
-
-The launchers (torchrun, legacy torch.distributed.launch, SLURM, Kubeflow, Ray, LSF, MPI) are rows of
-:mod:`project.plan.launchers`; without any, it is Lightning's own launcher.
-
-The plan printed is the layout Lightning will actually use: detection follows the order of Lightning's Trainer.
-"""
+"""What launched us (a row of :mod:`project.plan.launchers`, else Lightning's launcher), and the layout it imposes."""
 
 from __future__ import annotations
 
@@ -15,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from project.errors import UserError
-from project.plan.launchers import LAUNCHERS, LEGACY_LAUNCH, RAY, TORCHRUN, detect_launcher, read_int
+from project.plan.launchers import LAUNCHERS, LEGACY_LAUNCH, RAY, TORCHRUN, detect_launcher, read_int, read_ints
 
 LIGHTNING = "lightning"
 
@@ -50,33 +44,19 @@ class LaunchEnvironment:
 def detect_environment(environ: Mapping[str, str] | None = None) -> LaunchEnvironment:
     """Read the launcher and its layout from environment variables."""
     env = os.environ if environ is None else environ
-    common = {
-        "master_addr": env.get("MASTER_ADDR"),
-        "master_port": read_int(env, "MASTER_PORT"),
-        "address": env.get("RAY_ADDRESS") or None,  # where parallel.launcher=ray would submit the job
-    }
+    common = {"master_addr": env.get("MASTER_ADDR"), "master_port": read_int(env, "MASTER_PORT")}
+    common["address"] = env.get("RAY_ADDRESS") or None
     found = detect_launcher(env)
     if found is not None:
         row, fields = found
         return LaunchEnvironment(external=True, cluster_environment=row.cluster_environment, **fields, **common)
     # Lightning's launcher: the first process has no LOCAL_RANK; the ones it starts carry theirs.
-    return LaunchEnvironment(
-        launcher=LIGHTNING,
-        external=False,
-        world_size=read_int(env, "WORLD_SIZE"),
-        rank=read_int(env, "RANK") if "RANK" in env else None,
-        local_rank=read_int(env, "LOCAL_RANK"),
-        node_rank=read_int(env, "NODE_RANK"),
-        **common,
-    )
+    ranks = read_ints(env, world_size="WORLD_SIZE", rank="RANK", local_rank="LOCAL_RANK", node_rank="NODE_RANK")
+    return LaunchEnvironment(launcher=LIGHTNING, external=False, **ranks, **common)
 
 
 def refuse_missing_requirement(environment: LaunchEnvironment) -> None:
-    """Refuse a launcher whose ranks Lightning reads through a module that is not installed (mpirun: mpi4py).
-
-    Raises:
-        UserError: naming the launcher, the module and the fix.
-    """
+    """Refuse a launcher whose ranks Lightning reads through a module that is not installed (mpirun: mpi4py)."""
     row = next((row for row in LAUNCHERS if row.name == environment.launcher), None)
     if row is not None and row.requires and importlib.util.find_spec(row.requires) is None:
         raise UserError(
@@ -87,11 +67,7 @@ def refuse_missing_requirement(environment: LaunchEnvironment) -> None:
 
 
 def refuse_stray_rank(environment: LaunchEnvironment) -> None:
-    """Refuse a ``RANK`` other than 0 that no launcher set: the process would drop every log as a non-zero rank.
-
-    Raises:
-        UserError: ``RANK`` is set in the shell, but nothing says which launcher started this process.
-    """
+    """Refuse a ``RANK`` other than 0 that no launcher set: the process would drop every log as a non-zero rank."""
     if environment.launcher == LIGHTNING and environment.rank not in (None, 0) and environment.local_rank is None:
         raise UserError(
             f"RANK={environment.rank} is set in the environment, but no launcher started this process (no "
@@ -101,16 +77,9 @@ def refuse_stray_rank(environment: LaunchEnvironment) -> None:
 
 
 def requested_launcher(asked: str, environment: LaunchEnvironment) -> LaunchEnvironment:
-    """The environment a plan resolves against, given ``parallel.launcher``.
+    """The environment a plan resolves against: the detected one, or under ``ray`` (outside a Ray worker) the driver's.
 
-    With ``auto``, or inside one of Ray's workers, that is the detected one. With ``ray`` anywhere else this
-    process is the Ray driver: Ray Train starts the workers (the outside launcher, which takes the layout
-    from the plan), and this process submits the job and waits. SLURM's or Kubeflow's variables then
-    describe the allocation the Ray cluster runs in, not ranks of this command.
-
-    Raises:
-        UserError: an unknown launcher, or ``ray`` in a process that torchrun started (each rank would
-            submit its own job).
+    Ray Train then starts the workers; SLURM's or Kubeflow's variables describe the Ray cluster, not this command.
     """
     refuse_missing_requirement(environment)
     if asked != RAY or environment.launcher == RAY:

@@ -9,18 +9,13 @@ from project.plan.launchers import RAY
 
 
 def describe_launch(environment: LaunchEnvironment, per_node: int, num_nodes: int) -> tuple[dict[str, Any], list[str]]:
-    """What this process's launch looks like (ranks on this node, master address), and notes where it will not work.
-
-    Returns:
-        The ``launch`` record for the plan, and notes for layouts that would hang or fail at start-up.
-    """
+    """The plan's ``launch`` record (ranks on this node, master address), and notes for layouts that would hang."""
     own = ("launcher", "external", "cluster_environment", "address")  # shown elsewhere in the plan
     launch = {k: v for k, v in environment.to_dict().items() if k not in own and v is not None}
     world_size = per_node * num_nodes
     if environment.launcher == RAY and environment.rank is None:  # the Ray driver: it runs no rank itself
         where = f"the Ray cluster at {environment.address}" if environment.address else "a local Ray instance"
-        launch = {"workers": world_size, "address": environment.address or "local"}
-        return launch, [
+        return {"workers": world_size, "address": environment.address or "local"}, [
             f"ray: this command submits a Ray Train job of {world_size} worker(s) to {where} and waits; each "
             "worker runs the same command (no rank runs in this process)"
         ]
@@ -29,32 +24,22 @@ def describe_launch(environment: LaunchEnvironment, per_node: int, num_nodes: in
     node_rank = environment.node_rank or 0
     launch["node_rank"] = node_rank
     launch["ranks_on_this_node"] = list(range(node_rank * per_node, (node_rank + 1) * per_node))
-    notes: list[str] = []
+    if environment.external and environment.max_restarts and environment.agent_store:
+        return launch, [
+            "torchrun --max-restarts with the workers on the agent's rendezvous store: restarted workers can "
+            "read the dead ones' addresses and fail to connect (pytorch#135712); launch torchrun with "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and --standalone (one node) or --rdzv-backend c10d"
+        ]
     if environment.external:
-        if environment.max_restarts and environment.agent_store:
-            notes.append(
-                "torchrun --max-restarts with the workers on the agent's rendezvous store: restarted workers can "
-                "read the dead ones' addresses and fail to connect (pytorch#135712); launch torchrun with "
-                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and --standalone (one node) or --rdzv-backend c10d"
-            )
-        return launch, notes
+        return launch, []
     launch.setdefault("master_addr", "127.0.0.1")  # Lightning's own launcher: this machine, and a free port
-    return launch, notes + _lightning_launcher_notes(environment, num_nodes, node_rank)
+    return launch, _lightning_launcher_notes(environment, num_nodes, node_rank)
 
 
 def _lightning_launcher_notes(environment: LaunchEnvironment, num_nodes: int, node_rank: int) -> list[str]:
-    """Notes on Lightning's own launcher, which would hang on several nodes without their addresses.
-
-    It defaults MASTER_ADDR to this machine and the port to a free one (right on one node); a LOCAL_RANK that no
-    launcher set makes it wait for processes nobody starts.
-    """
+    """Notes on Lightning's own launcher: its defaults (this machine, a free port) hang on several nodes."""
     notes: list[str] = []
-    settings = (
-        ("MASTER_ADDR", environment.master_addr),
-        ("MASTER_PORT", environment.master_port),
-        ("NODE_RANK", environment.node_rank),
-    )
-    missing = [name for name, value in settings if value is None]
+    missing = [key for key in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK") if getattr(environment, key.lower()) is None]
     if num_nodes > 1 and missing:
         notes.append(
             f"num_nodes={num_nodes} with Lightning's launcher: run the same command on every node with "

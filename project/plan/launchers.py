@@ -1,12 +1,7 @@
-"""The launchers a process may have been started by, in the order they are detected: one row each.
+"""The launchers that may have started a process, one row each, in Lightning's order of detection.
 
-Lightning's Trainer finds its cluster environment in this order: TorchElastic (torchrun, also inside a SLURM job),
-SLURM, LSF (jsrun), MPI (mpirun), else its own launcher. Two launchers Lightning does not detect come before SLURM
-here: a Ray Train worker (which inherits SLURM's variables when the Ray cluster runs inside a SLURM job) and a
-Kubeflow PyTorchJob pod; for them the row names the Lightning ``ClusterEnvironment`` that reads their ranks, and
-the Trainer is given it. Each ``detect`` is the rule of Lightning's ``ClusterEnvironment.detect`` for that launcher
-(``tests/unit/test_launcher_table.py`` holds them against Lightning's own), read from a mapping of environment
-variables so that a plan can be made for any environment without importing Lightning.
+Ray and Kubeflow, which Lightning does not detect, come before SLURM, with the ``ClusterEnvironment`` the Trainer is
+given. Each ``detect`` is Lightning's rule (tests/unit/test_launcher_table.py), read without importing Lightning.
 """
 
 from __future__ import annotations
@@ -23,15 +18,13 @@ KUBEFLOW = "kubeflow"
 RAY = "ray"
 LSF = "lsf"
 MPI = "mpi"
-#: Set by the CLI when it removed a legacy ``--local_rank`` argument (project.launch.legacy), so that child code can
-#: tell torch.distributed.launch from torchrun (both run TorchElastic's agent).
+#: Set by the CLI when it removed a legacy ``--local_rank``: torch.distributed.launch, not torchrun (both TorchElastic).
 LEGACY_FLAG_ENV = "PROJECT_LEGACY_LAUNCH"
 
 # What Ray Train sets in each worker (ray.train.torch's TorchConfig), beside the raylet's RAY_RAYLET_PID.
 _RAY_WORKER_VARS = ("RAY_RAYLET_PID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
-# What the Kubeflow training operator sets in each PyTorchJob pod (one process per pod).
+# What the Kubeflow training operator sets in each PyTorchJob pod (one process per pod); the kubelet, in every pod.
 _KUBEFLOW_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
-# Set in every Kubernetes pod by the kubelet.
 _KUBERNETES_VARS = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_PORT")
 # Lightning's LSFEnvironment.detect: a jsrun launch.
 _LSF_VARS = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE")
@@ -51,36 +44,31 @@ def read_int(environ: Mapping[str, str], key: str) -> int | None:
     return int(match.group(0)) if match else None
 
 
-def _nodes(world: int | None, local_world: int | None) -> int | None:
-    # An uneven placement (Ray's, MPI's) has no node count: the plan then says what differs.
-    return world // local_world if world and local_world and world % local_world == 0 else None
+def read_ints(env: Mapping[str, str], **keys: str) -> dict[str, int | None]:
+    """Each field from its variable, as :func:`read_int` reads it."""
+    return {name: read_int(env, key) for name, key in keys.items()}
+
+
+def _sizes(env: Mapping[str, str], world_key: str, local_key: str) -> dict[str, int | None]:
+    """The world size, processes per node, and nodes (none for an uneven placement: Ray's, MPI's)."""
+    world, local = read_int(env, world_key), read_int(env, local_key)
+    nodes = world // local if world and local and world % local == 0 else None
+    return {"world_size": world, "local_world_size": local, "num_nodes": nodes}
 
 
 def _torchelastic(env: Mapping[str, str]) -> dict[str, Any]:
-    world, local_world = read_int(env, "WORLD_SIZE"), read_int(env, "LOCAL_WORLD_SIZE")
     return {
         "launcher": LEGACY_LAUNCH if env.get(LEGACY_FLAG_ENV) == "1" else TORCHRUN,
-        "world_size": world,
-        "local_world_size": local_world,
-        "num_nodes": _nodes(world, local_world),
-        "rank": read_int(env, "RANK"),
-        "local_rank": read_int(env, "LOCAL_RANK"),
-        "node_rank": read_int(env, "GROUP_RANK"),
+        **_sizes(env, "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+        **read_ints(env, rank="RANK", local_rank="LOCAL_RANK", node_rank="GROUP_RANK"),
         "max_restarts": read_int(env, "TORCHELASTIC_MAX_RESTARTS"),
         "agent_store": env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
     }
 
 
 def _ray(env: Mapping[str, str]) -> dict[str, Any]:
-    world, local_world = read_int(env, "WORLD_SIZE"), read_int(env, "LOCAL_WORLD_SIZE")
-    return {
-        "world_size": world,
-        "local_world_size": local_world,
-        "num_nodes": _nodes(world, local_world),
-        "rank": read_int(env, "RANK"),
-        "local_rank": read_int(env, "LOCAL_RANK"),
-        "node_rank": read_int(env, "NODE_RANK"),
-    }
+    ranks = read_ints(env, rank="RANK", local_rank="LOCAL_RANK", node_rank="NODE_RANK")
+    return {**_sizes(env, "WORLD_SIZE", "LOCAL_WORLD_SIZE"), **ranks}
 
 
 def _kubeflow(env: Mapping[str, str]) -> dict[str, Any]:
@@ -91,23 +79,16 @@ def _kubeflow(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _slurm(env: Mapping[str, str]) -> dict[str, Any]:
-    return {
-        "world_size": read_int(env, "SLURM_NTASKS"),
-        "local_world_size": read_int(env, "SLURM_NTASKS_PER_NODE"),
-        "num_nodes": read_int(env, "SLURM_NNODES") or read_int(env, "SLURM_JOB_NUM_NODES"),
-        "rank": read_int(env, "SLURM_PROCID"),
-        "local_rank": read_int(env, "SLURM_LOCALID"),
-        "node_rank": read_int(env, "SLURM_NODEID"),
-    }
+    sizes = read_ints(env, world_size="SLURM_NTASKS", local_world_size="SLURM_NTASKS_PER_NODE")
+    sizes["num_nodes"] = read_int(env, "SLURM_NNODES") or read_int(env, "SLURM_JOB_NUM_NODES")
+    return sizes | read_ints(env, rank="SLURM_PROCID", local_rank="SLURM_LOCALID", node_rank="SLURM_NODEID")
 
 
 def _lsf(env: Mapping[str, str]) -> dict[str, Any]:
     # jsrun says nothing of the processes per node; Lightning reads the node from LSB_DJOB_RANKFILE at run time.
-    return {
-        "world_size": read_int(env, "JSM_NAMESPACE_SIZE"),
-        "rank": read_int(env, "JSM_NAMESPACE_RANK"),
-        "local_rank": read_int(env, "JSM_NAMESPACE_LOCAL_RANK"),
-    }
+    return read_ints(
+        env, world_size="JSM_NAMESPACE_SIZE", rank="JSM_NAMESPACE_RANK", local_rank="JSM_NAMESPACE_LOCAL_RANK"
+    )
 
 
 def _mpi_names(env: Mapping[str, str]) -> tuple[str, str, str, str] | None:
@@ -116,14 +97,7 @@ def _mpi_names(env: Mapping[str, str]) -> tuple[str, str, str, str] | None:
 
 def _mpi(env: Mapping[str, str]) -> dict[str, Any]:
     size, rank, local_rank, local_size = _mpi_names(env) or _MPI_NAMES[0]
-    world, local_world = read_int(env, size), read_int(env, local_size)
-    return {
-        "world_size": world,
-        "local_world_size": local_world,
-        "num_nodes": _nodes(world, local_world),
-        "rank": read_int(env, rank),
-        "local_rank": read_int(env, local_rank),
-    }
+    return {**_sizes(env, size, local_size), **read_ints(env, rank=rank, local_rank=local_rank)}
 
 
 def _is_slurm(env: Mapping[str, str]) -> bool:
@@ -146,8 +120,7 @@ class LauncherRow:
     detect: Callable[[Mapping[str, str]], bool]
     #: The ``LaunchEnvironment`` fields it sets (``launcher`` too, where one row stands for two names).
     read: Callable[[Mapping[str, str]], dict[str, Any]]
-    #: Lightning's ``ClusterEnvironment`` (import path) that reads its ranks, for the launchers Lightning's Trainer
-    #: does not detect by itself (``None``: Lightning finds it).
+    #: The Lightning ``ClusterEnvironment`` (import path) that reads its ranks; ``None``: Lightning detects it itself.
     cluster_environment: str | None = None
     #: A module Lightning needs to read this launcher's ranks (checked before anything starts).
     requires: str | None = None
@@ -163,8 +136,6 @@ LAUNCHERS: tuple[LauncherRow, ...] = (
     LauncherRow(LSF, lambda env: all(k in env for k in _LSF_VARS), _lsf),
     LauncherRow(MPI, lambda env: _mpi_names(env) is not None, _mpi, requires="mpi4py"),
 )  # fmt: skip
-#: The Lightning cluster environments of the launchers Lightning does not detect by itself.
-CLUSTER_ENVIRONMENTS = {row.name: row.cluster_environment for row in LAUNCHERS if row.cluster_environment}
 
 
 def detect_launcher(env: Mapping[str, str]) -> tuple[LauncherRow, dict[str, Any]] | None:

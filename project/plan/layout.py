@@ -1,8 +1,4 @@
-"""Where the processes go: the scenario, the devices of each node, the nodes, checked against the launcher.
-
-In the spirit of torchtitan's ``ParallelDims``: a :class:`Layout` is a small frozen value whose degrees
-(processes per node x nodes, data-parallel replicas x shards) must multiply to the world size.
-"""
+"""Where the processes go: the scenario, the devices of each node, the nodes, checked against the launcher."""
 
 from __future__ import annotations
 
@@ -31,22 +27,13 @@ class LaunchMismatchError(UserError):
     """The config asks for another layout than the outside launcher (torchrun, SLURM) started."""
 
 
-#: The mesh's dimensions, outermost first (torchtitan's order): pipeline stages, data-parallel replicas, data-parallel
-#: shards, tensor-parallel splits. Rank ``r`` sits at ``(pp, dp_replicate, dp_shard, tp)`` in row-major order.
+#: The mesh's dimensions, outermost first (torchtitan's order); a rank's coordinates on them are row-major.
 MESH_DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
 @dataclass(frozen=True)
 class Layout:
-    """The resolved layout: the scenario, devices on each node, nodes, and the parallel degrees by name.
-
-    ``pp x dp_replicate x dp_shard x tp`` must equal ``per_node x num_nodes``: DDP replicates over every process
-    (``dp_shard == 1``), a sharded strategy sets ``dp_shard > 1``, tensor parallelism ``tp > 1`` (the innermost
-    degree, as in torchtitan's ParallelDims: the ``tp`` consecutive ranks of one group share their data), pipeline
-    parallelism ``pp > 1`` (the outermost: stage ``s`` holds ranks ``s * world/pp`` onwards). Samplers, the device
-    mesh, the memory table, seeds, ``check`` and every message ask this value, never the world size as a
-    data-parallel size.
-    """
+    """The scenario, devices per node, nodes, and the parallel degrees, whose product is the world size."""
 
     scenario: str
     accelerator: str
@@ -68,7 +55,7 @@ class Layout:
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel degree: replicas x shards (the ranks that train on different data). Computed only here."""
+        """Data-parallel degree (replicas x shards): what samplers, seeds and messages ask, never the world size."""
         return self.dp_replicate * self.dp_shard
 
     @property
@@ -97,15 +84,11 @@ class Layout:
         return self.coordinates(rank)["pp"]
 
     def group_ranks(self, dims: tuple[str, ...]) -> list[list[int]]:
-        """The groups of ranks that differ only along ``dims``, each sorted, in order of their first rank.
-
-        ``("dp_replicate", "dp_shard")``: the data-parallel groups; ``("pp",)``: each pipeline's stages.
-        """
+        """The groups of ranks that differ only along ``dims`` (``("pp",)``: each pipeline's stages), sorted."""
         groups: dict[tuple[int, ...], list[int]] = {}
         for rank in range(self.world_size):
             where = self.coordinates(rank)
-            key = tuple(where[dim] for dim in MESH_DIMS if dim not in dims)
-            groups.setdefault(key, []).append(rank)
+            groups.setdefault(tuple(where[dim] for dim in MESH_DIMS if dim not in dims), []).append(rank)
         return sorted(groups.values())
 
     def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -143,9 +126,9 @@ def resolve_scenario(config: ParallelConfig, request: DeviceRequest, hardware: H
     return "ddp" if hardware.gpus > 1 and request.size != 1 else "single"
 
 
-def _take_launcher_value(name: str, asked: int | None, given: int | None, launcher: str) -> int | None:
-    """An outside launcher fixes the layout: take its number, or refuse a config that disagrees."""
-    if given is None:
+def _launcher_value(name: str, asked: int | None, given: int | None, launcher: str | None) -> int | None:
+    """An outside launcher (``None``: none) fixes the layout: take its number, or refuse a config that disagrees."""
+    if launcher is None or given is None:
         return asked
     if asked is not None and asked != given:
         source = _LAUNCHER_SOURCES.get(launcher, _ELASTIC_SOURCES)[name]
@@ -174,51 +157,38 @@ def _gpu_devices(
                 )
             ids = list(range(local))
         elif ids is not None:
-            _take_launcher_value("devices", len(ids), local, environment.launcher)
+            _launcher_value("devices", len(ids), local, environment.launcher)
     return ids if ids is not None else list(range(hardware.gpus))
 
 
 def resolve_layout(config: ParallelConfig, hardware: Hardware, environment: LaunchEnvironment) -> Layout:
-    """Resolve scenario, devices and nodes for this machine and launcher; every invalid combination is one line.
-
-    Raises:
-        UserError: with the bad value, the rule and the fix (:class:`LaunchMismatchError` when the
-            launcher started another layout).
-    """
+    """Scenario, devices and nodes for this machine and launcher; every invalid combination is a one-line error."""
     request = parse_devices(config.devices)
     scenario = resolve_scenario(config, request, hardware)
     if config.num_nodes is not None and config.num_nodes < 1:
         raise UserError(f"parallel.num_nodes={config.num_nodes} must be >= 1")
     external = environment.launcher if environment.external else None
-    num_nodes = config.num_nodes
-    if external:
-        num_nodes = _take_launcher_value("num_nodes", num_nodes, environment.num_nodes, external)
-    num_nodes = num_nodes or 1
+    num_nodes = _launcher_value("num_nodes", config.num_nodes, environment.num_nodes, external) or 1
     devices: list[int] | int
-    kind = SCENARIOS[scenario].devices
-    if kind == "cpu" or (kind == "any" and hardware.gpus == 0):
-        count = cpu_processes(request, scenario)
-        if external:
-            count = _take_launcher_value("devices", count, environment.local_world_size, external)
+    row = SCENARIOS[scenario]
+    if row.devices == "cpu" or (row.devices == "any" and hardware.gpus == 0):
+        count = _launcher_value("devices", cpu_processes(request, scenario), environment.local_world_size, external)
         devices, accelerator = count or 1, "cpu"
     else:
         devices, accelerator = _gpu_devices(scenario, request, hardware, environment), "gpu"
-    if SCENARIOS[scenario].max_nodes is not None and num_nodes > SCENARIOS[scenario].max_nodes:
+    if row.max_nodes is not None and num_nodes > row.max_nodes:
         raise UserError(
             f"parallel.num_nodes={num_nodes} with scenario {scenario!r}: DataParallel is one machine; use "
             "scenario 'ddp'"
         )
-    per_node = len(devices) if isinstance(devices, list) else devices
-    world_size = per_node * num_nodes
+    world_size = (len(devices) if isinstance(devices, list) else devices) * num_nodes
+    replicas, shards = (1, world_size) if row.data_parallel == "shard" else (world_size, 1)
+    layout = Layout(scenario, accelerator, devices, num_nodes, dp_replicate=replicas, dp_shard=shards)
     if external and environment.world_size is not None and environment.world_size != world_size:
         raise LaunchMismatchError(
-            f"the plan has world size {world_size} (devices {per_node} x nodes {num_nodes}) but {external} "
+            f"the plan has world size {world_size} (devices {layout.per_node} x nodes {num_nodes}) but {external} "
             f"set WORLD_SIZE={environment.world_size}; make parallel.devices x parallel.num_nodes match"
         )
-    if SCENARIOS[scenario].data_parallel == "shard":  # every process a shard
-        layout = Layout(scenario, accelerator, devices, num_nodes, dp_replicate=1, dp_shard=world_size)
-    else:
-        layout = Layout(scenario, accelerator, devices, num_nodes, dp_replicate=world_size)
     for with_degrees in hooks("degrees"):  # the model-parallel degrees a layer's subsection asks for, checked
         layout = with_degrees(config, layout)
     return layout

@@ -6,11 +6,7 @@ from project.errors import UserError
 
 
 def check_precision(precision: str, accelerator: str) -> str:
-    """The Trainer's ``precision`` for ``precision`` on ``accelerator``; a note for the plan, or ``""``.
-
-    Raises:
-        UserError: an unknown value, or ``16-mixed`` on CPU (float16 autocast with a gradient scaler is for GPUs).
-    """
+    """The plan's note on ``precision`` on ``accelerator`` (``""`` for 32); ``16-mixed`` on CPU is refused."""
     if precision == "16-mixed" and accelerator == "cpu":
         raise UserError(
             "parallel.precision='16-mixed' needs GPUs (float16 autocast and its gradient scaler are for CUDA); "

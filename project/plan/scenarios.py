@@ -1,8 +1,4 @@
-"""The scenarios: one row each, what devices it runs on and which strategy of the table runs it.
-
-This is the whole of a scenario outside its strategy's row (:mod:`project.plan.strategies`): the config's choices,
-the layout and the start-up launcher read it, and nothing else branches on a scenario's name.
-"""
+"""The scenarios: one row each, its devices and strategy; nothing else branches on a scenario's name."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ class Scenario:
     devices: Literal["cpu", "gpu", "any"]
     #: The strategy (a row of :data:`project.plan.strategies.STRATEGIES`) on more than one process.
     strategy: str
-    #: Its strategy forks the ranks from this process itself (a notebook's way), so the template's start-up
-    #: launcher (the early layer's fork) must not start them first.
+    #: Its strategy forks the ranks itself (a notebook's way): the early layer's start-up launcher must not.
     forks_itself: bool = False
     #: How the data-parallel degree is made: every process a replica (DDP), or shards (fsdp: ``dp_shard``).
     data_parallel: Literal["replicate", "shard"] = "replicate"
@@ -32,8 +27,7 @@ class Scenario:
     max_gpus: int | None = None
 
 
-#: The core's rows; each layer adds its own (a layer's ``scenarios``). ``auto`` is not a row: it becomes ``ddp``,
-#: ``single`` or ``cpu`` for the machine (project.plan.layout).
+#: The core's rows; each layer adds its own (a layer's ``scenarios``). ``auto`` is not a row (:data:`AUTO_SCENARIO`).
 CORE_SCENARIOS: dict[str, Scenario] = {
     "cpu": Scenario("cpu", "ddp", composes=("tp", "pp")),
     "single": Scenario("gpu", "single_device", max_gpus=1),
@@ -49,5 +43,4 @@ from project.layers import rows  # noqa: E402
 SCENARIOS: dict[str, Scenario] = {**CORE_SCENARIOS, **rows("scenarios")}
 #: The value of ``parallel.scenario`` that is not a row: the machine decides (project.plan.layout.resolve_scenario).
 AUTO_SCENARIO = "auto"
-#: Every value ``parallel.scenario`` takes.
 SCENARIO_NAMES: tuple[str, ...] = (AUTO_SCENARIO, *SCENARIOS)

@@ -12,11 +12,7 @@ from project.plan.precision import check_precision
 
 
 def resolve_backend(config: ParallelConfig, layout: Layout) -> str | None:
-    """The process-group backend (``None`` on one process): auto is nccl on GPUs, gloo on CPU.
-
-    Raises:
-        UserError: an unknown backend, nccl on CPU, or SyncBatchNorm on CPU; a timeout below its minimum.
-    """
+    """The process-group backend (``None`` on one process; auto: nccl on GPUs, gloo on CPU), other settings checked."""
     if config.timeout_s <= 0:
         raise UserError(f"parallel.timeout_s={config.timeout_s} must be > 0 seconds")
     check_stop_settings(config)
@@ -43,8 +39,7 @@ def setting_notes(config: ParallelConfig, layout: Layout, strategy: str, start_m
     notes: list[str] = []
     if layout.world_size > 1 and not config.ddp.broadcast_buffers:
         notes.append("ddp.broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs")
-    precision_note = check_precision(config.precision, layout.accelerator)
-    if precision_note:
+    if precision_note := check_precision(config.precision, layout.accelerator):
         notes.append(precision_note)
     for layer_notes in hooks("plan_notes"):  # a layer's subsection checked against the layout (sharding: fsdp)
         notes += layer_notes(config, layout, strategy, start_method)
@@ -54,11 +49,7 @@ def setting_notes(config: ParallelConfig, layout: Layout, strategy: str, start_m
 
 
 def check_stop_settings(config: ParallelConfig) -> None:
-    """``stop_signals`` name signals a handler can catch, and ``stop_grace_s`` is a positive time.
-
-    Raises:
-        UserError: naming the bad value and the signals that may be listed.
-    """
+    """Refuse ``stop_signals`` a handler cannot catch, and a ``stop_grace_s`` that is not a positive time."""
     catchable = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGXCPU")
     for name in config.stop_signals:
         if name not in catchable or not hasattr(signal, name):

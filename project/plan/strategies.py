@@ -1,10 +1,8 @@
 """The table from scenario to strategy: a new strategy is a row, not a branch.
 
-Each row says which arguments the plan shows (``args``, JSON-ready, under the seed's names), where the in-rank
-code that builds the Trainer's strategy from them lives (``build``, an import path: this module is pure and
-imports nothing of Lightning or of :mod:`project.parallel`), and what the strategy does, so that callbacks,
-checkpoints and export ask the row instead of sniffing wrappers and tensor types. One process always runs
-``single_device``.
+Each row names the arguments the plan shows (``args``), the in-rank code that builds the Trainer's strategy
+(``build``, an import path: this module imports nothing of Lightning), and what the strategy does, so that callbacks,
+checkpoints and export ask the row instead of sniffing wrappers and tensor types.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from project.plan.scenarios import SCENARIOS
 class StrategyRow:
     """One strategy: the plan's view of its arguments, where it is built, and its capabilities."""
 
-    #: ``module:function`` giving the arguments ``plan`` and ``plan.json`` show, ``(config, start_method) -> dict``:
-    #: from the ``parallel`` section and the start method.
+    #: ``module:function`` ``(config, start_method) -> dict``: the arguments ``plan`` and ``plan.json`` show.
     args: str
     #: ``module:function`` of the in-rank builder ``(args, backend, layout) -> Trainer strategy``.
     build: str
@@ -35,36 +32,23 @@ class StrategyRow:
     checkpoint: Literal["file", "sharded"] = "file"
     #: Gradients are DTensors (each rank its shard): a finiteness check all-reduces the ranks' verdicts.
     grads_are_dtensors: bool = False
-    #: Each rank holds one pipeline stage's layers: the strategy's ``lightning_module_state_dict`` gathers the
-    #: whole model (export and checkpoints take it from there, never from a rank's own parameters).
+    #: Each rank holds one pipeline stage: the whole model comes from the strategy's ``lightning_module_state_dict``.
     stages: bool = False
     #: What the strategy does with memory: the column of ``plan``'s memory table it runs (ddp, or a layer's).
     memory: str = "ddp"
-    #: A model-parallel degree (``tp``, ``pp``: a name of the Layout's mesh) this row runs: a layout with that degree
-    #: above 1 runs this row where its scenario replicates the data (a sharding scenario builds the degree into its
-    #: own strategy: FSDP x TP).
+    #: The model-parallel degree (``tp``, ``pp``) that, above 1, picks this row under a replicating scenario.
     degree: str | None = None
-    #: The Lightning strategy class (by name) that acts like this row when the user gives it as ``trainer.strategy``
-    #: (``parallel: null``).
+    #: The Lightning strategy class (by name) that acts like this row as ``trainer.strategy`` (``parallel: null``).
     lightning_class: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The capabilities, JSON-ready, for ``plan.json``."""
-        return {
-            "shards_parameters": self.shards_parameters,
-            "shards_optimizer_state": self.shards_optimizer_state,
-            "checkpoint": self.checkpoint,
-            "grads_are_dtensors": self.grads_are_dtensors,
-            "stages": self.stages,
-        }
+        shown = ("shards_parameters", "shards_optimizer_state", "checkpoint", "grads_are_dtensors", "stages")
+        return {name: getattr(self, name) for name in shown}
 
 
 def is_interactive() -> bool:
-    """A notebook or REPL, where processes must be forked: Lightning's rule, and a running IPython shell.
-
-    Only a running shell counts: a process that merely imported ipykernel or IPython (a test runner executing
-    notebooks, a tool built on them) is not interactive.
-    """
+    """A notebook or REPL, where processes must be forked (a running IPython shell; an imported IPython is not)."""
     if hasattr(sys, "ps1") or bool(sys.flags.interactive):
         return True
     get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
@@ -83,11 +67,7 @@ def ddp_fork_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
 
 def ddp_args(config: ParallelConfig, start_method: str) -> dict[str, Any]:
     """The DDP arguments the plan shows (the seed's names; the builder passes them under the installed torch's)."""
-    return {
-        "ddp": asdict(config.ddp),
-        "timeout_s": config.timeout_s,
-        "start_method": start_method,
-    }
+    return {"ddp": asdict(config.ddp), "timeout_s": config.timeout_s, "start_method": start_method}
 
 
 #: What ``trainer.strategy`` holds when it asks for no particular strategy (one device, or Lightning's choice).
@@ -106,7 +86,6 @@ CORE_STRATEGIES: dict[str, StrategyRow] = {
     # DDP whose ranks are forked from this process (Lightning's ddp_notebook): what Jupyter needs.
     "ddp_fork": StrategyRow(args="project.plan.strategies:ddp_fork_args", build=_DDP),
 }
-#: The strategy of one process.
 ONE_PROCESS = "single_device"
 # At the end of the module: a layer's rows are StrategyRow instances, so its module imports this one first.
 from project.layers import rows  # noqa: E402
