@@ -1,9 +1,7 @@
-"""Checkpoints that are not one file: a layer's format (a folder of per-rank shards), asked here.
+"""Checkpoints that are not one ``torch.save`` file: a layer's format (the sharding layer's folders of shards).
 
-The core writes and reads one ``torch.save`` file per checkpoint. A layer whose strategies write another format
-(the sharding layer's folders of per-rank shards) gives a class in its ``checkpoint_formats`` whose instances
-answer :class:`CheckpointFormat`; resuming, loading (:mod:`project.checkpoints.loading`), exporting and ``fit``'s
-own saves ask :func:`format_of` a path first, and take the file's way when no format holds it.
+A layer lists classes answering :class:`CheckpointFormat` in its ``checkpoint_formats``; every reader and writer asks
+:func:`format_of` a path first, and takes the file's way when no format holds it.
 """
 
 from __future__ import annotations
@@ -69,8 +67,7 @@ def incomplete(path: Path) -> str | None:
 def checkpoints_in(folder: Path) -> list[Path]:
     """Every checkpoint name's newest complete checkpoint in ``folder``: ``*.ckpt``, or where a format left it.
 
-    Hidden names are the temporary halves of atomic writes, never checkpoints, except where a format says a kill
-    left a name's newest complete checkpoint under one.
+    Hidden names are halves of atomic writes, unless a format says a kill left a checkpoint there.
     """
     found = {path: path for path in folder.glob("*.ckpt") if not path.name.startswith(".")}
     for each in formats():
