@@ -1,7 +1,6 @@
 """Checkpoints that are not one ``torch.save`` file: a layer's format (the sharding layer's folders of shards).
 
-A layer lists classes answering :class:`CheckpointFormat` in its ``checkpoint_formats``; every reader and writer asks
-:func:`format_of` a path first, and takes the file's way when no format holds it.
+A layer's ``checkpoint_formats`` answer :class:`CheckpointFormat`; every reader and writer asks :func:`format_of` first.
 """
 
 from __future__ import annotations
@@ -54,9 +53,7 @@ def formats() -> tuple[CheckpointFormat, ...]:
 
 def format_of(path: PathLike) -> CheckpointFormat | None:
     """The format that holds the local ``path`` (a complete checkpoint of it); ``None``: a file, or nothing."""
-    if "://" in str(path):
-        return None
-    return next((found for found in formats() if found.holds(path)), None)
+    return None if "://" in str(path) else next((found for found in formats() if found.holds(path)), None)
 
 
 def incomplete(path: Path) -> str | None:
@@ -65,10 +62,7 @@ def incomplete(path: Path) -> str | None:
 
 
 def checkpoints_in(folder: Path) -> list[Path]:
-    """Every checkpoint name's newest complete checkpoint in ``folder``: ``*.ckpt``, or where a format left it.
-
-    Hidden names are halves of atomic writes, unless a format says a kill left a checkpoint there.
-    """
+    """Each checkpoint name's newest complete checkpoint in ``folder``: ``*.ckpt`` (not hidden), or a format's."""
     found = {path: path for path in folder.glob("*.ckpt") if not path.name.startswith(".")}
     for each in formats():
         found.update(each.hidden(folder))

@@ -30,18 +30,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self._check: _Check | None = None
 
     def preload(self, path: str | os.PathLike[str], checkpoint: dict[str, Any], check: _Check | None = None) -> None:
-        """Remember ``checkpoint``, already loaded from ``path``: the next load of that path returns it.
+        """Remember ``checkpoint``, loaded from ``path``: the next load of that path returns it, after ``check(it)``.
 
-        ``check`` is called with it first: a comparison that needs the whole model, which Lightning builds
-        (``configure_model``) right before it reads the checkpoint.
+        ``check`` needs the whole model, which Lightning builds (``configure_model``) right before that load.
         """
         self._preloaded = (Path(path).resolve(), checkpoint)
         self._check = check
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         """The preloaded checkpoint of ``path`` (once), else Lightning's own read; a layer's format merged here."""
-        found = format_of(path)
-        if found is not None:
+        if (found := format_of(path)) is not None:
             self._preloaded = None  # the CLI preloads a sharded folder's summary, which has no tensors
             return found.load(path)
         if self._preloaded is not None and "://" not in str(path) and Path(path).resolve() == self._preloaded[0]:
@@ -60,8 +58,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options (got {storage_options!r})")
-        found = format_of(path)
-        if found is not None:  # a sharded run's folder of this name, resumed on one process
+        if (found := format_of(path)) is not None:  # a sharded run's folder of this name, resumed on one process
             found.write_over(Path(path), lambda handle: self.write(checkpoint, handle))
         else:
             atomic_write(path, lambda handle: self.write(checkpoint, handle))

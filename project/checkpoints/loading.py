@@ -17,25 +17,13 @@ from project.checkpoints.formats import format_of, incomplete
 from project.dotted import module_of, within
 from project.errors import UserError, first_line
 
-#: Set to 1 to load a *trusted* file that needs arbitrary code (full pickle) to load.
-ALLOW_PICKLE_ENV = "PROJECT_ALLOW_PICKLE"
-# What torch.save writes: a zip archive (the default since torch 1.6) or a bare pickle (protocol 2+).
-_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+ALLOW_PICKLE_ENV = "PROJECT_ALLOW_PICKLE"  # set to 1 to load a *trusted* file that needs full pickle (any code)
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")  # what torch.save writes: a zip archive, or a bare pickle (before 1.6)
 
 
 def pickle_allowed() -> bool:
     """Whether the user vouched for the files they load (``PROJECT_ALLOW_PICKLE=1``): full pickle, any code."""
     return os.environ.get(ALLOW_PICKLE_ENV, "") == "1"
-
-
-def _check_resolves(file: Path) -> None:
-    try:
-        file.resolve(strict=False)
-    except (RuntimeError, OSError) as error:  # RuntimeError up to Python 3.12, OSError (ELOOP) after
-        raise UserError(
-            f"'{file}' is a symbolic link that leads back to itself (a loop), so it names no file; point it at the "
-            "checkpoint file, or give that file's own path"
-        ) from error
 
 
 def _check_is_torch_file(file: Path) -> None:
@@ -56,10 +44,7 @@ def _check_is_torch_file(file: Path) -> None:
 
 
 def check_integrity(file: Path) -> None:
-    """Refuse (UserError) a torch zip file whose payload was damaged after it was written: each member's CRC32.
-
-    torch's reader never checks them, so a flipped byte in a weight loads silently and trains on garbage.
-    """
+    """Refuse a torch zip file damaged after it was written: torch never checks the CRC32s, and trains on garbage."""
     with open(file, "rb") as handle:
         if handle.read(4) != _TORCH_MAGIC[0]:
             return  # a legacy bare pickle carries no checksums
@@ -78,7 +63,13 @@ def check_integrity(file: Path) -> None:
 def safe_load(path: str | os.PathLike[str]) -> Any:
     """``torch.load`` with ``weights_only=True`` of a file whose checksums hold; every failure a one-line UserError."""
     file = Path(path)
-    _check_resolves(file)
+    try:
+        file.resolve(strict=False)  # a symbolic link loop, before anything reads it
+    except (RuntimeError, OSError) as error:  # RuntimeError up to Python 3.12, OSError (ELOOP) after
+        raise UserError(
+            f"'{file}' is a symbolic link that leads back to itself (a loop), so it names no file; point it at the "
+            "checkpoint file, or give that file's own path"
+        ) from error
     pending.wait_for(file)  # a checkpoint this process is still writing in the background: read it complete
     _check_is_torch_file(file)
     check_integrity(file)

@@ -47,7 +47,6 @@ def refuse_mismatched_checkpoint(chosen: Chosen | None, model: L.LightningModule
 
 
 def _refuse_other_model(chosen: Chosen, model: L.LightningModule, checkpoint: dict) -> None:
-    """One line when ``checkpoint``'s weights are not the ones ``model`` holds (names and shapes)."""
     if diff := diff_state_dicts(checkpoint["state_dict"], model.state_dict()):
         run_config = Path(chosen.path).resolve().parent.parent / "config.yaml"
         config = f"--config {run_config}" if run_config.is_file() else "the config it was trained with"

@@ -1,7 +1,6 @@
-"""Checkpoint writes still in flight in this process, so that nothing here reads a file before it is complete.
+"""Checkpoint writes still in flight in this process (on the writer thread): nothing here reads a file half written.
 
-The background writer registers each write; :func:`project.checkpoints.loading.safe_load` waits for one of the file
-it reads (the export at the end of ``fit`` reads the best checkpoint right after its save). No Lightning import.
+The export at the end of ``fit`` reads the best checkpoint right after its save. No Lightning import.
 """
 
 from __future__ import annotations

@@ -23,10 +23,8 @@ from project.errors import UserError
 from project.run_store import active, local_copy
 
 RESUME_AUTO = "auto"
-#: ``--ckpt_path none``: evaluate the weights the config builds, on purpose.
-NO_CHECKPOINT = "none"
-#: Values of ``--ckpt_path`` that Lightning resolves itself.
-LIGHTNING_CKPT_PATHS = ("hpc", "registry")
+NO_CHECKPOINT = "none"  # --ckpt_path none: evaluate the weights the config builds, on purpose
+LIGHTNING_CKPT_PATHS = ("hpc", "registry")  # --ckpt_path values that Lightning resolves itself
 _DEFAULT_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
 _DEFAULT_LOGGER_NAME = "lightning_logs"
 
@@ -63,11 +61,7 @@ def _logger_section(trainer: Namespace) -> Any:
 
 
 def run_name(trainer: Namespace) -> RunName:
-    """The run name of a ``trainer`` config section, from its (first) logger's ``save_dir``/``name``/``version``.
-
-    Raises:
-        UserError: the run has no logger, so there are no run folders to resume from.
-    """
+    """The run name of a ``trainer`` config section, from its (first) logger's ``save_dir``/``name``/``version``."""
     logger = _logger_section(trainer)
     if logger is False:
         raise UserError(
@@ -79,9 +73,7 @@ def run_name(trainer: Namespace) -> RunName:
     else:
         args = logger.get("init_args") or Namespace()
         root, name, version = args.get("save_dir") or ".", args.get("name") or "", args.get("version")
-    if isinstance(version, int):
-        version = f"version_{version}"
-    return RunName(Path(root) / name, version)
+    return RunName(Path(root) / name, f"version_{version}" if isinstance(version, int) else version)
 
 
 @dataclass(frozen=True)
@@ -90,8 +82,7 @@ class Chosen:
 
     path: str
     checkpoint: dict[str, Any] | None = None
-    #: ``fit`` continues the run this checkpoint belongs to (``--resume auto``, ``--ckpt_path last``).
-    continues: bool = False
+    continues: bool = False  # fit continues the run this checkpoint belongs to (--resume auto, --ckpt_path last)
 
     def describe(self) -> str:
         """``epoch E, step S`` of a training checkpoint."""
@@ -125,11 +116,10 @@ def _continue_in(trainer: Namespace, run: Path) -> None:
     """Point the (first) logger at the resumed run's folder ``<save_dir>/<name>/<version>``, wherever it is."""
     logger = _logger_section(trainer)
     if logger is None or logger is True:
-        logger = Namespace(
+        logger = trainer.logger = Namespace(
             class_path=_DEFAULT_LOGGER,
             init_args=Namespace(save_dir=trainer.get("default_root_dir") or ".", name=_DEFAULT_LOGGER_NAME),
         )
-        trainer.logger = logger
     if logger.get("init_args") is None:
         logger.init_args = Namespace()
     # save_dir and name too, where they point elsewhere: a run's own config given from another working directory.
@@ -140,9 +130,9 @@ def _continue_in(trainer: Namespace, run: Path) -> None:
 
 
 def remove_partial_writes(chosen: Chosen | None) -> None:
-    """Where a ``fit`` continues its run (rank 0): complete a swap a kill interrupted, delete leftovers (``.*.tmp``).
+    """Complete a swap a kill interrupted, delete leftovers (``.*.tmp``) where a ``fit`` continues its run (rank 0).
 
-    Only once this run holds the run directory's lock: before, another training's write in progress is no leftover.
+    Only under the run directory's lock: before, another training's write in progress is no leftover.
     """
     if chosen is not None and chosen.continues and rank_zero_only.rank == 0:
         recover(Path(chosen.path).parent)
@@ -151,13 +141,10 @@ def remove_partial_writes(chosen: Chosen | None) -> None:
 def choose_checkpoint(
     command: str, ckpt_path: str | None, resume: str | None, trainer: Namespace, run: Path | None = None
 ) -> Chosen | None:
-    """The checkpoint ``command`` starts from, loaded once; ``None`` for none.
+    """The checkpoint ``command`` starts from, loaded once; ``None`` for none (UserError: none can be chosen).
 
     ``--resume auto`` / ``--ckpt_path last`` take the newest good checkpoint of the run name (or of ``run``, the run
     directory whose own ``config.yaml`` was given); ``fit`` also points the ``trainer``'s logger at its run folder.
-
-    Raises:
-        UserError: both options given, no logger, nothing to evaluate, or a file that does not load.
     """
     if resume is not None and ckpt_path is not None:
         raise UserError(

@@ -12,10 +12,7 @@ _LOCAL_RANK_ARG = re.compile(r"^--local[-_]rank(?:=(.*))?$")
 
 
 def strip_legacy_local_rank(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[list[str], bool]:
-    """Remove ``--local-rank=N`` / ``--local_rank N`` from ``argv``: the cleaned arguments, and whether there was one.
-
-    The value is checked against ``LOCAL_RANK``, which the launcher also sets, so a mismatch cannot go unnoticed.
-    """
+    """``argv`` without ``--local-rank=N``/``--local_rank N`` (checked against ``LOCAL_RANK``); whether it had one."""
     env = os.environ if environ is None else environ
     cleaned: list[str] = []
     values: list[str] = []
@@ -33,8 +30,7 @@ def strip_legacy_local_rank(argv: Sequence[str], environ: Mapping[str, str] | No
     for value in values:
         if not value.isdigit():
             raise UserError(f"--local_rank={value!r} must be a whole number >= 0")
-        local_rank = env.get("LOCAL_RANK")
-        if local_rank is not None and local_rank != value:
+        if (local_rank := env.get("LOCAL_RANK", value)) != value:
             raise UserError(
                 f"--local_rank={value} disagrees with LOCAL_RANK={local_rank} set by the launcher; "
                 "drop --local_rank and let the launcher set LOCAL_RANK"

@@ -1,14 +1,10 @@
-"""Nothing outlives its launcher: a rank ends when the process that started it dies.
+"""Nothing outlives its launcher: a rank ends when the process that started it (torchrun, Lightning, a layer) dies.
 
-torchrun's agent, Lightning's launcher (rank 0 re-runs the command for ranks 1..N-1) and the early layer start ranks
-as children. Were that parent killed, its children would be re-parented to init and train on unsupervised, writing
-into the run directory while a requeued job trains in it too. :func:`die_with_parent` has the kernel signal this
-process when its parent dies (``prctl(PR_SET_PDEATHSIG)``, Linux; elsewhere a thread polls ``os.getppid()``).
-:func:`die_with_launcher` runs in ``project.__main__`` before anything heavy is imported: standard library only.
-
-Why SIGKILL, not SIGTERM: SIGTERM runs the collective stop (:mod:`project.parallel.stop`), which cannot be relied on
-with the launcher gone (the other ranks, or the agent's rendezvous store, may be gone too) and would train on until
-its timeout while the requeued job starts. ``fit --resume auto`` continues from the run's own ``last.ckpt``.
+Re-parented to init, it would train on unsupervised, writing into the run directory while a requeued job trains
+there too. The kernel signals it (``prctl(PR_SET_PDEATHSIG)``, Linux; elsewhere a thread polls ``os.getppid()``).
+SIGKILL, not SIGTERM: the collective stop SIGTERM starts cannot be relied on with the launcher (and perhaps the other
+ranks, or the agent's store) gone; ``fit --resume auto`` continues from the run's own ``last.ckpt``. Standard library
+only: :func:`die_with_launcher` runs in ``project.__main__`` before anything heavy is imported.
 """
 
 from __future__ import annotations
@@ -22,10 +18,8 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-#: The signal the kernel sends a rank when its parent (the launcher) dies.
-PARENT_DEATH_SIGNAL = signal.SIGKILL if hasattr(signal, "SIGKILL") else signal.SIGTERM
-#: Seconds between two looks at the parent where ``prctl`` is not available (macOS).
-WATCH_INTERVAL_S = 1.0
+PARENT_DEATH_SIGNAL = signal.SIGKILL if hasattr(signal, "SIGKILL") else signal.SIGTERM  # when the launcher dies
+WATCH_INTERVAL_S = 1.0  # seconds between two looks at the parent where prctl is not available (macOS)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -39,9 +33,7 @@ def die_with_launcher(environ: Mapping[str, str] | None = None, argv: Sequence[s
 def launcher_of(environ: Mapping[str, str], argv: Sequence[str]) -> int | None:
     """The process id of the launcher that started this process as a rank (its parent); ``None``: none did.
 
-    torchrun sets TORCHELASTIC_RUN_ID in every worker. Lightning's launcher sets LOCAL_RANK 1..N-1 and runs the same
-    command line: that tells its children from ranks started by hand with LOCAL_RANK (without ``/proc``, LOCAL_RANK
-    alone decides). A parent that died during Python's start-up cannot be told from init (the agent may be pid 1).
+    torchrun sets TORCHELASTIC_RUN_ID; Lightning's children have LOCAL_RANK 1..N-1 and their parent's command line.
     """
     parent = os.getppid()
     if "TORCHELASTIC_RUN_ID" in environ:
@@ -61,19 +53,15 @@ def die_with_parent(parent: int) -> None:
 
 
 def finish_without_parent() -> None:
-    """A stop is under way in this rank: let it finish if the launcher dies now (Linux; its grace period bounds it).
-
-    torchrun's agent ends without waiting on a second signal while its workers save their stop step.
-    """
+    """A stop is under way: let it finish if the launcher dies now (torchrun's agent does not wait on a 2nd signal)."""
     _set_parent_death_signal(0)
 
 
 def _set_parent_death_signal(signum: int) -> bool:
     """``prctl(PR_SET_PDEATHSIG, signum)``; whether it took effect (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    with contextlib.suppress(OSError, AttributeError):
-        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum)) == 0
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum)) == 0
     return False
 
 

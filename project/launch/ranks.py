@@ -1,7 +1,6 @@
 """Ranks 1..N-1 that this process started itself, outside Lightning's launcher (the early layer forks CPU ranks).
 
-:func:`project.lightning_private.launched_processes` lists them beside Lightning's own, so a rank that dies is
-named and the others stopped alike. Without such a layer nothing is registered and every function is a no-op.
+Listed beside Lightning's own (:mod:`project.lightning_private`); without such a layer every function is a no-op.
 """
 
 from __future__ import annotations
@@ -68,10 +67,7 @@ def confirm_started_ranks(plan: Any) -> None:
 
 
 def explain_failures_with(note: Callable[[], str | None]) -> None:
-    """Have a watcher of the started ranks say ``note()`` (when not ``None``) instead of "rank N exited".
-
-    The resilience layer's hang report sets it: when rank 0 is the stuck one, the watcher cannot import that layer.
-    """
+    """Have a watcher of the started ranks say ``note()`` (if not ``None``) over "rank N exited" (a hang report)."""
     global _FAILURE_NOTE
     _FAILURE_NOTE = note
 

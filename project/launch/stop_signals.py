@@ -1,16 +1,11 @@
 """The stop signals of ``fit``, handled by one handler from the first instant of the process to its last.
 
-``fit`` takes over ``parallel.stop_signals`` at once (:func:`install`) and never gives them back: a scheduler signals
-twice (SLURM's ``--signal``, then SIGTERM), and a default handler put back during shutdown would end the process by
-that signal instead of exit code 75. What a signal does depends on the phase (:func:`set_phase`):
-
-- ``before`` the first training step: nothing is lost; :class:`StopSignal` ends the rank where it is (exit code 75);
-- ``training``: the training callback's handler (:class:`project.callbacks.preemption.StopOnSignal`) stops every rank
-  at one agreed step and saves it;
-- ``after`` the last step (the test and export after fit): the rank ends where it is, saying what did not run;
-- ``ending`` (a stop or failure unwinding) and ``done``: the signal is noted, nothing else.
-
-Whatever the phase, the process ends within ``grace_s`` of its first stop signal (:func:`start_grace`), with 75.
+Never given back: a scheduler signals twice (SLURM's ``--signal``, then SIGTERM), and a default handler put back
+during shutdown would end the process by that signal instead of exit code 75. What a signal does, by phase:
+``before`` the first step and ``after`` the last (test, export), :class:`StopSignal` ends the rank where it is;
+in ``training`` the callback's handler (:class:`project.callbacks.preemption.StopOnSignal`) stops every rank at one
+agreed step and saves it; ``ending`` and ``done`` only note it. The process always ends within ``grace_s`` of its
+first stop signal (:func:`start_grace`), with 75.
 """
 
 from __future__ import annotations
@@ -26,21 +21,16 @@ from typing import Any
 from project.errors import RANK_VARIABLES, Preempted
 from project.launch.orphans import finish_without_parent
 
-#: Where a stop signal ends the rank at once (nothing of this run's training would be lost, or none is left to save).
-ENDS_AT_ONCE = ("before", "after")
+ENDS_AT_ONCE = ("before", "after")  # a stop signal ends the rank at once: no training would be lost
 PHASES = ("before", "training", "after", "ending", "done")
-#: What a rank that stopped in each phase left behind, said by rank 0 (:func:`peer_stopped`).
-_LEFT = {
+_LEFT = {  # what a rank that stopped in each phase left behind, said by rank 0 (peer_stopped)
     "before": "before the first training step of this run, so nothing was trained and nothing is lost",
     "after": "after the last training step; the checkpoints are kept, the test and export after fit did not run",
 }
 
 
 class StopSignal(BaseException):
-    """A stop signal outside the training steps: the rank ends where it is (``python -m project``: exit code 75).
-
-    A ``BaseException``, like ``KeyboardInterrupt``, so that a user's ``except Exception`` does not swallow it.
-    """
+    """Ends the rank where it is, outside the training steps (a BaseException: ``except Exception`` lets it by)."""
 
     def __init__(self, name: str, phase: str) -> None:
         super().__init__(f"{name} {phase}")
@@ -84,11 +74,7 @@ def own_process() -> None:
 
 
 def finish() -> None:
-    """The command is done (or failed): stop signals change nothing from now on.
-
-    Under ``python -m project`` they are ignored until exit; where the process goes on (a notebook) the handlers
-    found are given back, for a next command.
-    """
+    """The command is done (or failed): stop signals are ignored, or (a notebook) the handlers found given back."""
     if _STATE.owns_process:
         _STATE.phase = "done"
         return

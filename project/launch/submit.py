@@ -1,7 +1,6 @@
 """A job submitted elsewhere: ``parallel.launcher`` names a launcher that did not start this process (``ray``).
 
-This process is then the driver: it checks and plans as under any launcher, and a layer submits the same command to
-that launcher's workers and waits; inside a worker the command runs as under any launcher.
+This process then plans as usual and a layer submits the same command to that launcher's workers, and waits.
 """
 
 from __future__ import annotations
@@ -17,13 +16,7 @@ AUTO = "auto"
 
 
 def submitter(asked: str, environment: LaunchEnvironment) -> Callable[..., None] | None:
-    """How this process submits the job to the launcher ``asked`` (a layer's ``submit`` hook); ``None``: it runs here.
-
-    The function returned takes ``(argv, command, plan, run_in_worker)`` and waits for the job.
-
-    Raises:
-        UserError: no installed layer submits to ``asked`` (its layer was stripped), before anything is built.
-    """
+    """A layer's way to submit the job to ``asked``, ``fn(argv, command, plan, run_in_worker)``; ``None``: run here."""
     if asked in (AUTO, environment.launcher):
         return None
     for submits in hooks("submit"):
