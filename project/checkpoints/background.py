@@ -1,9 +1,9 @@
 """Checkpoints written on a thread: a save costs the training a copy of the state, not the disk.
 
 :class:`BackgroundCheckpointIO` copies the tensors on the training thread and writes on one writer thread: at most one
-copy in flight. A failed write is raised at the next save or at ``teardown`` (its target intact), never silently;
-removals run behind the writes, only if those succeeded. Lightning's ``AsyncCheckpointIO`` queues any number of copies,
-leaves removals unordered with the writes, and wraps a non-atomic ``TorchCheckpointIO``.
+copy in flight. A failed write is raised at the next save or ``teardown`` (its target intact); removals run behind the
+writes, only if those succeeded. Lightning's ``AsyncCheckpointIO`` queues any number of copies, leaves removals
+unordered, and wraps a non-atomic ``TorchCheckpointIO``.
 """
 
 from __future__ import annotations

@@ -97,13 +97,12 @@ def refuse_untrusted_import(path: Any, where: str, trusted: Iterable[str], fix: 
     ``where`` names the file's field for the message; ``fix`` says how the caller vouches (``""``: nothing can).
     """
     module = module_of(path) if isinstance(path, str) and ":" not in path else ""
-    if module and within(module, trusted):
-        return
-    raise UserError(
-        f"{where} {path!r}, outside the modules it may import ({', '.join(trusted)}): importing a module runs its "
-        f"code, so a received file never chooses one and nothing was imported; "
-        + (f"if you trust the file and that module, {fix}" if fix else "fix the file")
-    )
+    if not module or not within(module, trusted):
+        raise UserError(
+            f"{where} {path!r}, outside the modules it may import ({', '.join(trusted)}): importing a module runs its "
+            f"code, so a received file never chooses one and nothing was imported; "
+            + (f"if you trust the file and that module, {fix}" if fix else "fix the file")
+        )
 
 
 def load_lightning_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -1,7 +1,4 @@
-"""Checkpoint writes still in flight in this process (on the writer thread): nothing here reads a file half written.
-
-The export at the end of ``fit`` reads the best checkpoint right after its save. No Lightning import.
-"""
+"""Checkpoint writes in flight in this process, so that nothing here reads a half-written file; no Lightning import."""
 
 from __future__ import annotations
 
@@ -34,11 +31,7 @@ def track(path: str | os.PathLike[str], write: Future[None]) -> None:
 def wait_for(path: str | os.PathLike[str] | None = None) -> None:
     """Block until the background write of ``path`` (``None``: of every file) has finished, failed or not."""
     with _lock:
-        writes = (
-            list(_writes.values())
-            if path is None
-            else [w for w in (_writes.get(Path(path).resolve()),) if w is not None]
-        )
-    futures.wait(writes)  # a failed write is the writer's to raise
+        writes = list(_writes.values()) if path is None else [_writes.get(Path(path).resolve())]
+    futures.wait([write for write in writes if write is not None])  # a failed write is the writer's to raise
     if path is not None:
         active().local_copy(str(path))  # a run directory in object storage: what this node lacks, fetched

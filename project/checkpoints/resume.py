@@ -31,8 +31,7 @@ _DEFAULT_LOGGER_NAME = "lightning_logs"
 
 def _say(message: str) -> None:
     if rank_zero_only.rank == 0:
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
+        print(message, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -130,10 +129,7 @@ def _continue_in(trainer: Namespace, run: Path) -> None:
 
 
 def remove_partial_writes(chosen: Chosen | None) -> None:
-    """Complete a swap a kill interrupted, delete leftovers (``.*.tmp``) where a ``fit`` continues its run (rank 0).
-
-    Only under the run directory's lock: before, another training's write in progress is no leftover.
-    """
+    """Complete a swap a kill interrupted, delete ``.*.tmp`` where ``fit`` continues (rank 0, under the run's lock)."""
     if chosen is not None and chosen.continues and rank_zero_only.rank == 0:
         recover(Path(chosen.path).parent)
 

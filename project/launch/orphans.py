@@ -1,10 +1,10 @@
 """Nothing outlives its launcher: a rank ends when the process that started it (torchrun, Lightning, a layer) dies.
 
-Re-parented to init, it would train on unsupervised, writing into the run directory while a requeued job trains
-there too. The kernel signals it (``prctl(PR_SET_PDEATHSIG)``, Linux; elsewhere a thread polls ``os.getppid()``).
-SIGKILL, not SIGTERM: the collective stop SIGTERM starts cannot be relied on with the launcher (and perhaps the other
-ranks, or the agent's store) gone; ``fit --resume auto`` continues from the run's own ``last.ckpt``. Standard library
-only: :func:`die_with_launcher` runs in ``project.__main__`` before anything heavy is imported.
+Re-parented to init, it would train on unsupervised, writing into the run directory while a requeued job trains there
+too. The kernel signals it (``prctl(PR_SET_PDEATHSIG)``, Linux; elsewhere a thread polls ``os.getppid()``). SIGKILL,
+not SIGTERM: the collective stop SIGTERM starts cannot be relied on with the launcher (perhaps the other ranks, or the
+agent's store) gone; ``fit --resume auto`` continues from ``last.ckpt``. Standard library only: ``project.__main__``
+calls :func:`die_with_launcher` before anything heavy is imported.
 """
 
 from __future__ import annotations

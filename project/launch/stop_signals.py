@@ -1,11 +1,10 @@
 """The stop signals of ``fit``, handled by one handler from the first instant of the process to its last.
 
 Never given back: a scheduler signals twice (SLURM's ``--signal``, then SIGTERM), and a default handler put back
-during shutdown would end the process by that signal instead of exit code 75. What a signal does, by phase:
-``before`` the first step and ``after`` the last (test, export), :class:`StopSignal` ends the rank where it is;
-in ``training`` the callback's handler (:class:`project.callbacks.preemption.StopOnSignal`) stops every rank at one
-agreed step and saves it; ``ending`` and ``done`` only note it. The process always ends within ``grace_s`` of its
-first stop signal (:func:`start_grace`), with 75.
+during shutdown would end the process by that signal instead of exit code 75. By phase: ``before`` the first step and
+``after`` the last (test, export) :class:`StopSignal` ends the rank where it is; in ``training`` the callback's handler
+(:class:`project.callbacks.preemption.StopOnSignal`) stops every rank at one agreed step and saves it; ``ending`` and
+``done`` only note it. The process ends within ``grace_s`` of its first stop signal (:func:`start_grace`), with 75.
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ from project.errors import UserError
 from project.layers import hooks
 from project.plan.environment import LaunchEnvironment
 
-#: ``parallel.launcher``'s value for "whichever launcher started the processes" (Lightning's, torchrun, SLURM, ...).
-AUTO = "auto"
+AUTO = "auto"  # parallel.launcher: whichever launcher started the processes (Lightning's, torchrun, SLURM, ...)
 
 
 def submitter(asked: str, environment: LaunchEnvironment) -> Callable[..., None] | None:
