@@ -1,23 +1,18 @@
-"""Atomic file writes: a temporary file in the same folder, fsync, then rename.
-
-A process killed mid-write leaves at most a ``*.tmp`` file behind, never a truncated target.
-"""
+"""Atomic file writes: a temporary file in the same folder, fsync, then rename; a kill leaves at most a ``*.tmp``."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
 
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success it replaces ``path`` in one rename."""
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> None:
+    """Call ``write(handle)`` on a temporary file next to ``path``; on success it replaces ``path`` in one rename."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -28,18 +23,13 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.umask(umask)
     tmp.chmod(0o666 & ~umask)
     try:
-        yield tmp
-        with open(tmp, "rb") as handle:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> None:
-    """Call ``write(handle)`` on a temporary file and move it onto ``path`` atomically."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
-        write(handle)
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:

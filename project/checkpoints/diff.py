@@ -23,15 +23,9 @@ class StateDictDiff:
 
     def describe(self, limit: int = 8) -> str:
         """One line: ``missing keys [...]; unexpected keys [...]; shape mismatch [key (given) vs (own)]``."""
-        parts = []
-        if self.missing:
-            parts.append(f"missing keys {self.missing[:limit]}")
-        if self.unexpected:
-            parts.append(f"unexpected keys {self.unexpected[:limit]}")
-        if self.wrong_shape:
-            shapes = [f"{key} {given} vs {own}" for key, given, own in self.wrong_shape[: max(1, limit // 2)]]
-            parts.append(f"shape mismatch {shapes}")
-        return "; ".join(parts)
+        shapes = [f"{key} {given} vs {own}" for key, given, own in self.wrong_shape[: max(1, limit // 2)]]
+        parts = [("missing keys", self.missing[:limit]), ("unexpected keys", self.unexpected[:limit])]
+        return "; ".join(f"{what} {listed}" for what, listed in [*parts, ("shape mismatch", shapes)] if listed)
 
 
 def diff_state_dicts(given: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor]) -> StateDictDiff:

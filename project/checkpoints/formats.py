@@ -1,9 +1,6 @@
-"""Checkpoints that are not one file: a layer's format (a folder of per-rank shards), asked here.
+"""Checkpoints that are not one ``torch.save`` file: a layer's format (the sharding layer's folders of shards).
 
-The core writes and reads one ``torch.save`` file per checkpoint. A layer whose strategies write another format
-(the sharding layer's folders of per-rank shards) gives a class in its ``checkpoint_formats`` whose instances
-answer :class:`CheckpointFormat`; resuming, loading (:mod:`project.checkpoints.loading`), exporting and ``fit``'s
-own saves ask :func:`format_of` a path first, and take the file's way when no format holds it.
+A layer's ``checkpoint_formats`` answer :class:`CheckpointFormat`; every reader and writer asks :func:`format_of` first.
 """
 
 from __future__ import annotations
@@ -56,9 +53,7 @@ def formats() -> tuple[CheckpointFormat, ...]:
 
 def format_of(path: PathLike) -> CheckpointFormat | None:
     """The format that holds the local ``path`` (a complete checkpoint of it); ``None``: a file, or nothing."""
-    if "://" in str(path):
-        return None
-    return next((found for found in formats() if found.holds(path)), None)
+    return None if "://" in str(path) else next((found for found in formats() if found.holds(path)), None)
 
 
 def incomplete(path: Path) -> str | None:
@@ -67,11 +62,7 @@ def incomplete(path: Path) -> str | None:
 
 
 def checkpoints_in(folder: Path) -> list[Path]:
-    """Every checkpoint name's newest complete checkpoint in ``folder``: ``*.ckpt``, or where a format left it.
-
-    Hidden names are the temporary halves of atomic writes, never checkpoints, except where a format says a kill
-    left a name's newest complete checkpoint under one.
-    """
+    """Each checkpoint name's newest complete checkpoint in ``folder``: ``*.ckpt`` (not hidden), or a format's."""
     found = {path: path for path in folder.glob("*.ckpt") if not path.name.startswith(".")}
     for each in formats():
         found.update(each.hidden(folder))

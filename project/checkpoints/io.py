@@ -1,13 +1,7 @@
-"""Checkpoint writes that a kill cannot truncate, and reads that happen once: Lightning's CheckpointIO.
+"""Lightning's CheckpointIO with writes a kill cannot truncate, and a checkpoint the CLI already loaded read once.
 
-Lightning's own ``TorchCheckpointIO`` serialises into memory and then writes the target file in place, so a
-process killed during that write leaves a truncated ``last.ckpt`` behind: exactly the file a restart wants.
-:class:`AtomicCheckpointIO` writes a hidden temporary file next to the target and renames it over the target,
-so the target is always either the previous or the new checkpoint.
-
-It also hands Lightning a checkpoint the CLI has already loaded (and checked) instead of reading the file
-again: see :meth:`AtomicCheckpointIO.preload`. The CLI installs it, writing on a background thread
-(:func:`project.checkpoints.background.with_atomic_checkpoint_io`), for every run.
+Lightning's ``TorchCheckpointIO`` writes in place, so a kill mid-write leaves a truncated ``last.ckpt``: exactly the
+file a restart wants. :class:`AtomicCheckpointIO` renames a hidden temporary file onto the target instead.
 """
 
 from __future__ import annotations
@@ -24,6 +18,8 @@ from project.checkpoints.atomic import atomic_write
 from project.checkpoints.formats import format_of
 from project.run_store import active
 
+_Check = Callable[[dict[str, Any]], None]
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` whose saves go to a temporary file that is renamed onto the target."""
@@ -31,26 +27,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def __init__(self) -> None:
         super().__init__()
         self._preloaded: tuple[Path, dict[str, Any]] | None = None
-        self._check: Callable[[dict[str, Any]], None] | None = None
+        self._check: _Check | None = None
 
-    def preload(
-        self,
-        path: str | os.PathLike[str],
-        checkpoint: dict[str, Any],
-        check: Callable[[dict[str, Any]], None] | None = None,
-    ) -> None:
-        """Remember ``checkpoint``, already loaded from ``path``: the next load of that path returns it.
+    def preload(self, path: str | os.PathLike[str], checkpoint: dict[str, Any], check: _Check | None = None) -> None:
+        """Remember ``checkpoint``, loaded from ``path``: the next load of that path returns it, after ``check(it)``.
 
-        ``check`` is called with it first: a comparison that can only be made once Lightning has built the whole
-        model (layers made in ``configure_model``), which it does right before it reads the checkpoint.
+        ``check`` needs the whole model, which Lightning builds (``configure_model``) right before that load.
         """
         self._preloaded = (Path(path).resolve(), checkpoint)
         self._check = check
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         """The preloaded checkpoint of ``path`` (once), else Lightning's own read; a layer's format merged here."""
-        found = format_of(path)
-        if found is not None:
+        if (found := format_of(path)) is not None:
             self._preloaded = None  # the CLI preloads a sharded folder's summary, which has no tensors
             return found.load(path)
         if self._preloaded is not None and "://" not in str(path) and Path(path).resolve() == self._preloaded[0]:
@@ -59,9 +48,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if check is not None:
                 check(checkpoint)
             return checkpoint
-        if map_location is None:
-            return super().load_checkpoint(path, weights_only=weights_only)
-        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        where = {} if map_location is None else {"map_location": map_location}  # None: Lightning's default (CPU)
+        return super().load_checkpoint(path, weights_only=weights_only, **where)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         """Write ``checkpoint`` to ``path`` atomically; remote (``scheme://``) paths keep Lightning's writer."""
@@ -70,12 +58,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options (got {storage_options!r})")
-        found = format_of(path)
-        if found is not None:  # a sharded run's folder of this name, resumed on one process
+        if (found := format_of(path)) is not None:  # a sharded run's folder of this name, resumed on one process
             found.write_over(Path(path), lambda handle: self.write(checkpoint, handle))
         else:
             atomic_write(path, lambda handle: self.write(checkpoint, handle))
-        active().commit(path)  # a run directory in object storage: uploaded, then committed (on the writer's thread)
+        active().commit(path)  # a run directory in object storage: uploaded, then committed
 
     def remove_checkpoint(self, path: Any) -> None:
         """Remove ``path``; in object storage its commit first, then its data."""

@@ -1,7 +1,4 @@
-"""Loading files from outside: ``weights_only=True`` unless the user vouches for them, every failure one line.
-
-Nothing here imports Lightning, so a plain Python process that rebuilds an exported network can use it.
-"""
+"""Loading files from outside: ``weights_only=True`` unless the user vouches, every failure one line; no Lightning."""
 
 from __future__ import annotations
 
@@ -20,10 +17,8 @@ from project.checkpoints.formats import format_of, incomplete
 from project.dotted import module_of, within
 from project.errors import UserError, first_line
 
-#: Set to 1 to load a *trusted* file that needs arbitrary code (full pickle) to load.
-ALLOW_PICKLE_ENV = "PROJECT_ALLOW_PICKLE"
-# What torch.save writes: a zip archive (the default since torch 1.6) or a bare pickle (protocol 2+).
-_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+ALLOW_PICKLE_ENV = "PROJECT_ALLOW_PICKLE"  # set to 1 to load a *trusted* file that needs full pickle (any code)
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")  # what torch.save writes: a zip archive, or a bare pickle (before 1.6)
 
 
 def pickle_allowed() -> bool:
@@ -31,21 +26,9 @@ def pickle_allowed() -> bool:
     return os.environ.get(ALLOW_PICKLE_ENV, "") == "1"
 
 
-def _check_resolves(file: Path) -> None:
-    """Refuse a path that cannot be followed (a symbolic link loop) in one line, before anything reads it."""
-    try:
-        file.resolve(strict=False)
-    except (RuntimeError, OSError) as error:  # RuntimeError up to Python 3.12, OSError (ELOOP) after
-        raise UserError(
-            f"'{file}' is a symbolic link that leads back to itself (a loop), so it names no file; point it at the "
-            "checkpoint file, or give that file's own path"
-        ) from error
-
-
 def _check_is_torch_file(file: Path) -> None:
     if file.is_dir():
-        reason = incomplete(file)  # a layer's format (a folder of shards) that lacks what its save writes last
-        if reason:
+        if reason := incomplete(file):  # a layer's format (a folder of shards) that lacks what its save writes last
             raise UserError(reason)
         raise UserError(f"'{file}' is a folder, not a file; give a file inside it (e.g. {file}/checkpoints/last.ckpt)")
     if not file.is_file():
@@ -61,15 +44,7 @@ def _check_is_torch_file(file: Path) -> None:
 
 
 def check_integrity(file: Path) -> None:
-    """Refuse a torch zip file whose payload was damaged after it was written: every member's CRC32 is checked.
-
-    torch's reader never checks the zip's checksums, so a flipped byte in a weight or an optimizer moment loads
-    silently and trains on (or evaluates) garbage. Reading the members costs one more pass over the file, which
-    the page cache serves for the load that follows.
-
-    Raises:
-        UserError: a member fails its CRC32 check, or the zip directory cannot be read.
-    """
+    """Refuse a torch zip file damaged after it was written: torch never checks the CRC32s, and trains on garbage."""
     with open(file, "rb") as handle:
         if handle.read(4) != _TORCH_MAGIC[0]:
             return  # a legacy bare pickle carries no checksums
@@ -86,12 +61,15 @@ def check_integrity(file: Path) -> None:
 
 
 def safe_load(path: str | os.PathLike[str]) -> Any:
-    """``torch.load`` with ``weights_only=True``, turning every failure into a one-line :class:`UserError`.
-
-    The file's checksums are verified first (:func:`check_integrity`): a damaged file is never loaded.
-    """
+    """``torch.load`` with ``weights_only=True`` of a file whose checksums hold; every failure a one-line UserError."""
     file = Path(path)
-    _check_resolves(file)
+    try:
+        file.resolve(strict=False)  # a symbolic link loop, before anything reads it
+    except (RuntimeError, OSError) as error:  # RuntimeError up to Python 3.12, OSError (ELOOP) after
+        raise UserError(
+            f"'{file}' is a symbolic link that leads back to itself (a loop), so it names no file; point it at the "
+            "checkpoint file, or give that file's own path"
+        ) from error
     pending.wait_for(file)  # a checkpoint this process is still writing in the background: read it complete
     _check_is_torch_file(file)
     check_integrity(file)
@@ -113,28 +91,18 @@ def safe_load(path: str | os.PathLike[str]) -> Any:
 
 
 def refuse_untrusted_import(path: Any, where: str, trusted: Iterable[str], fix: str) -> None:
-    """Refuse an import path that a file from outside names, unless its module is within ``trusted``; nothing imported.
+    """Refuse (UserError) an import path a file from outside names, unless its module is within ``trusted``.
 
-    Importing a module runs its code, so a received file (an export's ``model.json``, a checkpoint) never chooses
-    what is imported, just as it never chooses what is unpickled: only modules the code or its caller trusts.
-
-    Args:
-        path: The import path the file names (``package.module.Name``).
-        where: What names it, for the message (``'export/model.json' names class_path``).
-        trusted: The modules (and their submodules) that may be imported.
-        fix: How the caller vouches for the module (appended to the message); ``""`` when nothing can.
-
-    Raises:
-        UserError: ``path`` is no plain import path, or its module is outside ``trusted``.
+    Importing runs code, so a received file never chooses what is imported, as it never chooses what is unpickled.
+    ``where`` names the file's field for the message; ``fix`` says how the caller vouches (``""``: nothing can).
     """
     module = module_of(path) if isinstance(path, str) and ":" not in path else ""
-    if module and within(module, trusted):
-        return
-    raise UserError(
-        f"{where} {path!r}, outside the modules it may import ({', '.join(trusted)}): importing a module runs its "
-        f"code, so a received file never chooses one and nothing was imported; "
-        + (f"if you trust the file and that module, {fix}" if fix else "fix the file")
-    )
+    if not module or not within(module, trusted):
+        raise UserError(
+            f"{where} {path!r}, outside the modules it may import ({', '.join(trusted)}): importing a module runs its "
+            f"code, so a received file never chooses one and nothing was imported; "
+            + (f"if you trust the file and that module, {fix}" if fix else "fix the file")
+        )
 
 
 def load_lightning_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -1,7 +1,6 @@
-"""The checkpoint a command starts from matches what it runs: weights to evaluate, and of the model the config builds.
+"""The checkpoint a command starts from matches what it runs, else one line before anything runs.
 
-``validate``/``test``/``predict`` without a checkpoint would evaluate freshly initialised weights; a checkpoint of
-another model (other names or shapes) would fail deep inside Lightning's load. Both are one line before anything runs.
+Not fresh weights evaluated, nor another model's checkpoint failing deep inside Lightning's load.
 """
 
 from __future__ import annotations
@@ -20,10 +19,7 @@ from project.errors import UserError
 
 
 def refuse_unknown_weights(command: str, model: L.LightningModule, chosen: Chosen | None, asked: str | None) -> None:
-    """validate/test/predict without a checkpoint would evaluate freshly initialised weights: refuse, unless asked.
-
-    A module that loaded weights itself says where from in ``weights_from`` (as ``Classifier(weights=...)`` does).
-    """
+    """Refuse to evaluate freshly initialised weights unless asked (or the module set ``weights_from`` itself)."""
     evaluates = COMMANDS[command].evaluates  # fit trains the weights it builds
     if not evaluates or chosen is not None or asked == NO_CHECKPOINT or getattr(model, "weights_from", None):
         return
@@ -37,9 +33,8 @@ def refuse_unknown_weights(command: str, model: L.LightningModule, chosen: Chose
 def refuse_mismatched_checkpoint(chosen: Chosen | None, model: L.LightningModule, trainer: L.Trainer) -> None:
     """A checkpoint of another model than the config builds is one line; a good one is handed to Lightning.
 
-    Layers a module builds in ``configure_model`` exist only once the Trainer has called it (under the strategy's
-    init context: meta tensors, shards): such a module is compared when Lightning reads the checkpoint, right
-    after that call and before it loads a single weight (:meth:`AtomicCheckpointIO.preload`'s check).
+    Layers built in ``configure_model`` exist only once the Trainer called it: such a module is compared right after,
+    when Lightning reads the checkpoint (:meth:`AtomicCheckpointIO.preload`'s check).
     """
     if chosen is None or chosen.checkpoint is None:
         return
@@ -47,15 +42,12 @@ def refuse_mismatched_checkpoint(chosen: Chosen | None, model: L.LightningModule
     deferred = is_overridden("configure_model", model) and isinstance(io, AtomicCheckpointIO)
     if not deferred:
         _refuse_other_model(chosen, model, chosen.checkpoint)
-    if isinstance(io, AtomicCheckpointIO):
-        # Lightning gets it without reading the file again
+    if isinstance(io, AtomicCheckpointIO):  # Lightning gets it without reading the file again
         io.preload(chosen.path, chosen.checkpoint, partial(_refuse_other_model, chosen, model) if deferred else None)
 
 
 def _refuse_other_model(chosen: Chosen, model: L.LightningModule, checkpoint: dict) -> None:
-    """One line when ``checkpoint``'s weights are not the ones ``model`` holds (names and shapes)."""
-    diff = diff_state_dicts(checkpoint["state_dict"], model.state_dict())
-    if diff:
+    if diff := diff_state_dicts(checkpoint["state_dict"], model.state_dict()):
         run_config = Path(chosen.path).resolve().parent.parent / "config.yaml"
         config = f"--config {run_config}" if run_config.is_file() else "the config it was trained with"
         raise UserError(

@@ -1,10 +1,4 @@
-"""Checkpoint writes still in flight in this process, so that nothing here reads a file before it is complete.
-
-:class:`project.checkpoints.background.BackgroundCheckpointIO` writes checkpoints on a thread; it registers each
-write here. :func:`project.checkpoints.loading.safe_load` waits for a write of the file it reads (the export at the
-end of ``fit`` reads the best checkpoint right after it was saved), and a message that names "the last good
-checkpoint" waits for all of them first. No Lightning import: ``loading`` stays importable without it.
-"""
+"""Checkpoint writes in flight in this process, so that nothing here reads a half-written file; no Lightning import."""
 
 from __future__ import annotations
 
@@ -20,13 +14,9 @@ _lock = threading.Lock()
 _writes: dict[Path, Future[None]] = {}
 
 
-def _key(path: str | os.PathLike[str]) -> Path:
-    return Path(path).resolve()
-
-
 def track(path: str | os.PathLike[str], write: Future[None]) -> None:
     """Register ``write``, the background write of ``path``; it is forgotten once it has finished."""
-    key = _key(path)
+    key = Path(path).resolve()
     with _lock:
         _writes[key] = write
 
@@ -39,12 +29,9 @@ def track(path: str | os.PathLike[str], write: Future[None]) -> None:
 
 
 def wait_for(path: str | os.PathLike[str] | None = None) -> None:
-    """Block until the background write of ``path`` (``None``: of every file) has finished, failed or not.
-
-    A failed write is not raised here: the writer reports it (its file was left as it was before).
-    """
+    """Block until the background write of ``path`` (``None``: of every file) has finished, failed or not."""
     with _lock:
-        writes = list(_writes.values()) if path is None else [w for w in (_writes.get(_key(path)),) if w is not None]
-    futures.wait(writes)  # a failed write is the writer's to raise
+        writes = list(_writes.values()) if path is None else [_writes.get(Path(path).resolve())]
+    futures.wait([write for write in writes if write is not None])  # a failed write is the writer's to raise
     if path is not None:
         active().local_copy(str(path))  # a run directory in object storage: what this node lacks, fetched

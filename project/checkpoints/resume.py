@@ -1,20 +1,8 @@
 """Which checkpoint a command starts from: ``--ckpt_path FILE|last|none``, ``fit --resume auto``; each loaded once.
 
-A run name is the logger's ``save_dir``/``name`` (``logs/digits``); its runs are the version folders
-under it and their checkpoints live in ``<version>/checkpoints/``. The newest checkpoint file (by
-modification time, ``last.ckpt`` first on a tie) that loads with ``weights_only=True`` and holds a
-full training state wins; a truncated, corrupt or weights-only file is skipped with a warning.
-
-Resuming continues in the resumed run's own folder (the logger's ``version`` is set to it): the
-TensorBoard curves, ``checkpoints/`` and ``export/`` of one training stay together, and the
-checkpoint callbacks' state (best model path, top-k) refers to files that are really there. With
-nothing to resume, ``fit`` starts a new run, which is what a job that restarts itself wants on its
-first start.
-
-Every process resolves this by itself from the same files, before any of them trains, so all
-ranks pick the same checkpoint; :class:`project.callbacks.rng.RandomStateCallback` checks that they did.
-The chosen file is loaded here once and handed to Lightning through
-:meth:`project.checkpoints.io.AtomicCheckpointIO.preload`, so it is never read twice.
+``last``/``auto`` take the newest checkpoint of the run name (the logger's ``save_dir``/``name``) that loads safely
+and holds a full training state. ``fit`` continues in that run's own folder, so its curves, checkpoints and best
+paths stay together; with none it starts a new run (a job that restarts itself). Every rank resolves it alike.
 """
 
 from __future__ import annotations
@@ -34,22 +22,16 @@ from project.commands import COMMANDS
 from project.errors import UserError
 from project.run_store import active, local_copy
 
-#: ``--resume`` values: ``auto`` continues the newest good checkpoint of the run name, or starts fresh.
 RESUME_AUTO = "auto"
-#: ``--ckpt_path none``: evaluate the weights the config builds, on purpose.
-NO_CHECKPOINT = "none"
-#: Values of ``--ckpt_path`` that Lightning resolves itself.
-LIGHTNING_CKPT_PATHS = ("hpc", "registry")
-# Lightning's default logger when ``trainer.logger`` is true/unset.
+NO_CHECKPOINT = "none"  # --ckpt_path none: evaluate the weights the config builds, on purpose
+LIGHTNING_CKPT_PATHS = ("hpc", "registry")  # --ckpt_path values that Lightning resolves itself
 _DEFAULT_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
 _DEFAULT_LOGGER_NAME = "lightning_logs"
 
 
 def _say(message: str) -> None:
-    """One line on stderr, from one process only (each rank resolves the same thing)."""
     if rank_zero_only.rank == 0:
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
+        print(message, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -65,9 +47,8 @@ class RunName:
             runs = [self.root / self.version]
         else:
             runs = [p for p in self.root.iterdir() if p.is_dir()] if self.root.is_dir() else []
-        # Hidden files are the temporary halves of atomic writes, never checkpoints (but see checkpoints_in).
-        files = [found for run in runs for found in checkpoints_in(run / "checkpoints")]
-        files = [found for found in files if active().committed(found)]  # a store's cache: committed ones only
+        # A store's cache: committed ones only.
+        files = [found for run in runs for found in checkpoints_in(run / "checkpoints") if active().committed(found)]
         return sorted(files, key=lambda f: (f.stat().st_mtime_ns, final_name(f).name == "last.ckpt"), reverse=True)
 
 
@@ -79,11 +60,7 @@ def _logger_section(trainer: Namespace) -> Any:
 
 
 def run_name(trainer: Namespace) -> RunName:
-    """The run name of a ``trainer`` config section, from its (first) logger's ``save_dir``/``name``/``version``.
-
-    Raises:
-        UserError: the run has no logger, so there are no run folders to resume from.
-    """
+    """The run name of a ``trainer`` config section, from its (first) logger's ``save_dir``/``name``/``version``."""
     logger = _logger_section(trainer)
     if logger is False:
         raise UserError(
@@ -95,9 +72,7 @@ def run_name(trainer: Namespace) -> RunName:
     else:
         args = logger.get("init_args") or Namespace()
         root, name, version = args.get("save_dir") or ".", args.get("name") or "", args.get("version")
-    if isinstance(version, int):
-        version = f"version_{version}"
-    return RunName(Path(root) / name, version)
+    return RunName(Path(root) / name, f"version_{version}" if isinstance(version, int) else version)
 
 
 @dataclass(frozen=True)
@@ -106,24 +81,12 @@ class Chosen:
 
     path: str
     checkpoint: dict[str, Any] | None = None
-    #: ``fit`` continues the run this checkpoint belongs to (``--resume auto``, ``--ckpt_path last``).
-    continues: bool = False
+    continues: bool = False  # fit continues the run this checkpoint belongs to (--resume auto, --ckpt_path last)
 
     def describe(self) -> str:
         """``epoch E, step S`` of a training checkpoint."""
         data = self.checkpoint or {}
         return f"epoch {data.get('epoch')}, step {data.get('global_step')}"
-
-
-def _load_resumable(path: Path) -> tuple[dict[str, Any] | None, str]:
-    """The checkpoint at ``path`` if it loads safely and holds a full training state; else the reason."""
-    try:
-        checkpoint = read_resumable(path)
-    except UserError as error:
-        return None, str(error)
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "loops" not in checkpoint:
-        return None, f"'{path}' holds no training state (weights only), so training cannot continue from it"
-    return checkpoint, ""
 
 
 def find_resume_checkpoint(name: RunName) -> tuple[Path, str] | None:
@@ -134,10 +97,17 @@ def find_resume_checkpoint(name: RunName) -> tuple[Path, str] | None:
 
 def _find_newest_good(name: RunName) -> Chosen | None:
     for path in name.checkpoint_files():
-        checkpoint, reason = _load_resumable(path)
-        if checkpoint is not None:
+        try:
+            checkpoint = read_resumable(path)
+        except UserError as error:
+            _say(f"warning: skipping checkpoint {path}: {error}")
+            continue
+        if isinstance(checkpoint, dict) and "state_dict" in checkpoint and "loops" in checkpoint:
             return Chosen(str(path), checkpoint)
-        _say(f"warning: skipping checkpoint {path}: {reason}")
+        _say(
+            f"warning: skipping checkpoint {path}: '{path}' holds no training state (weights only), so training "
+            "cannot continue from it"
+        )
     return None
 
 
@@ -145,11 +115,10 @@ def _continue_in(trainer: Namespace, run: Path) -> None:
     """Point the (first) logger at the resumed run's folder ``<save_dir>/<name>/<version>``, wherever it is."""
     logger = _logger_section(trainer)
     if logger is None or logger is True:
-        logger = Namespace(
+        logger = trainer.logger = Namespace(
             class_path=_DEFAULT_LOGGER,
             init_args=Namespace(save_dir=trainer.get("default_root_dir") or ".", name=_DEFAULT_LOGGER_NAME),
         )
-        trainer.logger = logger
     if logger.get("init_args") is None:
         logger.init_args = Namespace()
     # save_dir and name too, where they point elsewhere: a run's own config given from another working directory.
@@ -160,27 +129,18 @@ def _continue_in(trainer: Namespace, run: Path) -> None:
 
 
 def remove_partial_writes(chosen: Chosen | None) -> None:
-    """Where a ``fit`` continues its run (rank 0): complete a swap a kill interrupted, delete leftovers (``.*.tmp``).
-
-    Called only once this run holds the run directory's lock (:class:`project.run_lock.TrainingLock`): before
-    that, another training may still be writing there, and its write in progress is not a leftover.
-    """
+    """Complete a swap a kill interrupted, delete ``.*.tmp`` where ``fit`` continues (rank 0, under the run's lock)."""
     if chosen is not None and chosen.continues and rank_zero_only.rank == 0:
-        recover(Path(chosen.path).parent)  # a swap a kill interrupted completed, partial files and folders deleted
+        recover(Path(chosen.path).parent)
 
 
 def choose_checkpoint(
     command: str, ckpt_path: str | None, resume: str | None, trainer: Namespace, run: Path | None = None
 ) -> Chosen | None:
-    """The checkpoint ``command`` starts from, loaded once; ``None`` for none.
+    """The checkpoint ``command`` starts from, loaded once; ``None`` for none (UserError: none can be chosen).
 
-    ``--resume auto`` / ``--ckpt_path last`` take the newest good checkpoint of the run name (of ``run``, the run
-    directory whose own ``config.yaml`` was given, if any); ``fit`` also continues in its run folder (the
-    ``trainer`` section's logger is pointed at it) and, with nothing to resume, starts a new run.
-    ``--ckpt_path none`` means no checkpoint, on purpose.
-
-    Raises:
-        UserError: both options given, no logger, nothing to evaluate, or a file that does not load.
+    ``--resume auto`` / ``--ckpt_path last`` take the newest good checkpoint of the run name (or of ``run``, the run
+    directory whose own ``config.yaml`` was given); ``fit`` also points the ``trainer``'s logger at its run folder.
     """
     if resume is not None and ckpt_path is not None:
         raise UserError(

@@ -12,35 +12,25 @@ _LOCAL_RANK_ARG = re.compile(r"^--local[-_]rank(?:=(.*))?$")
 
 
 def strip_legacy_local_rank(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[list[str], bool]:
-    """Remove ``--local-rank=N`` / ``--local_rank N`` (passed by ``torch.distributed.launch``) from ``argv``.
-
-    Returns the cleaned arguments and whether such an argument was present. The value is checked
-    against ``LOCAL_RANK``, which the launcher also sets, so a mismatch cannot go unnoticed.
-    """
+    """``argv`` without ``--local-rank=N``/``--local_rank N`` (checked against ``LOCAL_RANK``); whether it had one."""
     env = os.environ if environ is None else environ
     cleaned: list[str] = []
     values: list[str] = []
-    args = list(argv)
-    i = 0
-    while i < len(args):
-        match = _LOCAL_RANK_ARG.match(args[i])
+    args = iter(argv)
+    for arg in args:
+        match = _LOCAL_RANK_ARG.match(arg)
         if not match:
-            cleaned.append(args[i])
-            i += 1
-            continue
-        if match.group(1) is not None:
+            cleaned.append(arg)
+        elif match.group(1) is not None:
             values.append(match.group(1))
-            i += 1
-        elif i + 1 < len(args):
-            values.append(args[i + 1])
-            i += 2
+        elif (value := next(args, None)) is not None:
+            values.append(value)
         else:
-            raise UserError(f"{args[i]} needs a value (e.g. {args[i]}=0)")
+            raise UserError(f"{arg} needs a value (e.g. {arg}=0)")
     for value in values:
         if not value.isdigit():
             raise UserError(f"--local_rank={value!r} must be a whole number >= 0")
-        local_rank = env.get("LOCAL_RANK")
-        if local_rank is not None and local_rank != value:
+        if (local_rank := env.get("LOCAL_RANK", value)) != value:
             raise UserError(
                 f"--local_rank={value} disagrees with LOCAL_RANK={local_rank} set by the launcher; "
                 "drop --local_rank and let the launcher set LOCAL_RANK"

@@ -1,10 +1,6 @@
-"""Ranks 1..N-1 that this process started itself, outside Lightning's launcher: one registry the core reads.
+"""Ranks 1..N-1 that this process started itself, outside Lightning's launcher (the early layer forks CPU ranks).
 
-A layer that starts the ranks of a run (the early layer forks the CPU ranks right after the imports) registers them
-here. :func:`project.lightning_private.launched_processes` lists them beside the processes Lightning's launcher
-starts, so a rank that dies is named and the others are stopped exactly as there; the builder checks them against
-the resolved plan (:func:`confirm_started_ranks`). Without such a layer nothing is registered, every function here
-is a no-op, and Lightning's launcher starts the ranks.
+Listed beside Lightning's own (:mod:`project.lightning_private`); without such a layer every function is a no-op.
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ class RankProcess(Protocol):
 
 
 class StartedRanks(Protocol):
-    """What a layer that started the ranks registers: the ranks, their stop, and their check against the plan."""
+    """What a layer that started the ranks registers."""
 
     ranks: list[Any]
 
@@ -40,11 +36,10 @@ class StartedRanks(Protocol):
         """SIGKILL the ranks and reap them (this rank failed, or was refused)."""
 
     def confirm(self, plan: Any) -> None:
-        """Check the ranks against the resolved plan (``None``: no ``parallel`` section); Lightning then uses them."""
+        """Check the ranks against the resolved plan (``None``: no ``parallel`` section)."""
 
 
 _STARTED: StartedRanks | None = None
-#: Says why the run failed better than "rank N exited" when it can (the hang report names a stuck rank 0).
 _FAILURE_NOTE: Callable[[], str | None] | None = None
 
 
@@ -66,21 +61,13 @@ def stop_started_ranks() -> None:
 
 
 def confirm_started_ranks(plan: Any) -> None:
-    """Check the started ranks against rank 0's resolved plan (``None``: ``parallel: null``); a no-op without any.
-
-    Raises:
-        UserError: the plan has another number of processes on this machine than were started.
-    """
+    """Check the started ranks against rank 0's resolved plan (``None``: ``parallel: null``); a UserError if off."""
     if _STARTED is not None:
         _STARTED.confirm(plan)
 
 
 def explain_failures_with(note: Callable[[], str | None]) -> None:
-    """Have a watcher of the started ranks say ``note()`` (when not ``None``) instead of "rank N exited".
-
-    Set by a layer of the rank (the resilience layer's hang report): when rank 0's training thread is the stuck one,
-    another rank ends the run at its timeout, and the watcher, which cannot import that layer, names rank 0.
-    """
+    """Have a watcher of the started ranks say ``note()`` (if not ``None``) over "rank N exited" (a hang report)."""
     global _FAILURE_NOTE
     _FAILURE_NOTE = note
 

@@ -1,19 +1,10 @@
 """The stop signals of ``fit``, handled by one handler from the first instant of the process to its last.
 
-``fit`` takes over ``parallel.stop_signals`` as soon as the config is read (:func:`install`) and never gives them
-back: a scheduler signals twice (SLURM's ``--signal`` ahead of the SIGTERM at the time limit), and a default handler
-put back while the process shuts down would end it by that signal instead of exit code 75. What a signal does depends
-on where the run is (:func:`set_phase`):
-
-- ``before`` the first training step (building, set-up, the restore of a checkpoint, the micro-batch search, the
-  sanity check): this run has trained nothing, so nothing is lost; the handler raises :class:`StopSignal` and the rank
-  ends where it is, with exit code 75 (rank 0 says it in one line, the other ranks learn it from the lost peer);
-- ``training``: the training callback's handler (:class:`project.callbacks.preemption.StopOnSignal`): every rank stops
-  at one agreed step and saves it;
-- ``after`` the last step (the test and the export after fit): the rank ends where it is, saying what did not run;
-- ``ending`` (a stop or a failure is unwinding) and ``done`` (the command finished): the signal is noted, nothing else.
-
-Whatever the phase, the process ends within ``grace_s`` of its first stop signal (:func:`start_grace`), with 75.
+Never given back: a scheduler signals twice (SLURM's ``--signal``, then SIGTERM), and a default handler put back
+during shutdown would end the process by that signal instead of exit code 75. By phase: ``before`` the first step and
+``after`` the last (test, export) :class:`StopSignal` ends the rank where it is; in ``training`` the callback's handler
+(:class:`project.callbacks.preemption.StopOnSignal`) stops every rank at one agreed step and saves it; ``ending`` and
+``done`` only note it. The process ends within ``grace_s`` of its first stop signal (:func:`start_grace`), with 75.
 """
 
 from __future__ import annotations
@@ -29,22 +20,16 @@ from typing import Any
 from project.errors import RANK_VARIABLES, Preempted
 from project.launch.orphans import finish_without_parent
 
-#: Where a stop signal ends the rank at once (nothing of this run's training would be lost, or none is left to save).
-ENDS_AT_ONCE = ("before", "after")
+ENDS_AT_ONCE = ("before", "after")  # a stop signal ends the rank at once: no training would be lost
 PHASES = ("before", "training", "after", "ending", "done")
-#: What a rank that stopped in each phase left behind, said by rank 0 (filled in by :func:`peer_stopped`).
-_LEFT = {
+_LEFT = {  # what a rank that stopped in each phase left behind, said by rank 0 (peer_stopped)
     "before": "before the first training step of this run, so nothing was trained and nothing is lost",
     "after": "after the last training step; the checkpoints are kept, the test and export after fit did not run",
 }
 
 
 class StopSignal(BaseException):
-    """A stop signal outside the training steps: the rank ends where it is.
-
-    A ``BaseException``, like ``KeyboardInterrupt``: a user's ``except Exception`` around a data read does not
-    swallow it. ``python -m project`` turns it into :class:`~project.errors.Preempted` (exit code 75).
-    """
+    """Ends the rank where it is, outside the training steps (a BaseException: ``except Exception`` lets it by)."""
 
     def __init__(self, name: str, phase: str) -> None:
         super().__init__(f"{name} {phase}")
@@ -59,23 +44,18 @@ class _State:
     first: str | None = None  # the first stop signal this process got
     raised_in: str | None = None  # the phase in which the handler raised StopSignal
     during_training: Callable[[int], None] | None = None
-    previous: dict[signal.Signals, Any] = field(default_factory=dict)  # the handlers found, given back by release()
+    previous: dict[signal.Signals, Any] = field(default_factory=dict)  # the handlers found, given back by finish()
     owns_process: bool = False  # `python -m project`: the handlers stay until exit (else: given back at the end)
     grace: threading.Thread | None = None
-    #: Says what the grace exit keeps (set by the training callback: the newest checkpoint).
-    kept: Callable[[], str] = field(default=lambda: "the newest complete checkpoint is kept")
-    #: Rank 0: puts the run directory back as it was before this run (a run that ends before its first step).
-    undo: Callable[[], None] | None = None
+    kept: Callable[[], str] = field(default=lambda: "the newest complete checkpoint is kept")  # said by the grace exit
+    undo: Callable[[], None] | None = None  # rank 0: puts the run directory back (an end before the first step)
 
 
 _STATE = _State()
 
 
 def install(signals: Iterable[str], grace_s: float) -> None:
-    """Handle ``signals`` as stop signals in this process from now on; others named before get their default back.
-
-    A no-op outside the main thread (signal handlers belong to it; a notebook's forked rank runs there too).
-    """
+    """Handle ``signals`` as stop signals from now on (others named before get theirs back); main thread only."""
     if threading.current_thread() is not threading.main_thread():
         return
     wanted = tuple(signal.Signals[name] for name in signals)
@@ -93,11 +73,7 @@ def own_process() -> None:
 
 
 def finish() -> None:
-    """The command is done (or failed): stop signals change nothing from now on.
-
-    Under ``python -m project`` they are ignored until the process exits; where the process goes on (a notebook that
-    calls :func:`project.cli.execute`) the handlers that were there before are given back, for a next command.
-    """
+    """The command is done (or failed): stop signals are ignored, or (a notebook) the handlers found given back."""
     if _STATE.owns_process:
         _STATE.phase = "done"
         return
@@ -106,11 +82,7 @@ def finish() -> None:
 
 
 def install_defaults() -> None:
-    """Handle the default ``parallel.stop_signals`` from the first instant of a ``fit``, before its config is read.
-
-    Standard library only (it runs in ``project.__main__`` before torch is imported); the config's own list replaces
-    it once read (:class:`~project.callbacks.preemption.StopOnSignal`).
-    """
+    """Handle the default ``parallel.stop_signals`` from the first instant of a ``fit``, before torch is imported."""
     from project.plan.config import ParallelConfig
 
     defaults = ParallelConfig()
@@ -166,10 +138,7 @@ def set_undo(undo: Callable[[], None] | None) -> None:
 
 
 def undo_if_untrained() -> None:
-    """Before the first step: put the run directory back, so ``--resume auto`` starts the run again in it.
-
-    For the exits that do not unwind (the grace period's, the watcher's of forked ranks); never raises.
-    """
+    """Before the first step: put the run directory back (for exits that do not unwind); never raises."""
     if _STATE.phase == "before" and _STATE.undo is not None:
         with contextlib.suppress(Exception):
             _STATE.undo()
@@ -186,7 +155,7 @@ def stopping() -> bool:
 
 
 def _handle(signum: int, frame: Any) -> None:
-    """The one handler: dispatch by phase (never a store call or a collective in here)."""
+    # The one handler: dispatch by phase (never a store call or a collective in here).
     name = signal.Signals(signum).name
     first = _STATE.first is None
     _STATE.first = _STATE.first or name
@@ -201,10 +170,7 @@ def _handle(signum: int, frame: Any) -> None:
 
 
 def start_grace(why: str) -> None:
-    """End this process with exit code 75 ``grace_s`` seconds from now, unless it ended before (once per process).
-
-    From the main thread, the stop also outlives the launcher (:func:`~project.launch.orphans.finish_without_parent`).
-    """
+    """End this process with exit code 75 ``grace_s`` seconds from now, unless it ended before (once per process)."""
     if threading.current_thread() is threading.main_thread():
         finish_without_parent()  # the parent-death signal is the main thread's: only it can clear it
     if _STATE.grace is None:
@@ -215,8 +181,7 @@ def start_grace(why: str) -> None:
 def _end_after_grace(why: str) -> None:
     threading.Event().wait(_STATE.grace_s)
     if is_rank_zero():  # every rank ends alike: one line
-        before = _STATE.phase == "before"
-        kept = "this run had trained nothing yet, so nothing is lost" if before else _STATE.kept()
+        kept = "this run had trained nothing yet, so nothing is lost" if _STATE.phase == "before" else _STATE.kept()
         undo_if_untrained()
         os.write(
             2,
@@ -229,9 +194,8 @@ def _end_after_grace(why: str) -> None:
 
 def peer_stopped(ranks: str) -> str:
     """Rank 0's one line when other ranks (``ranks``: "rank 1 (pid 42)") ended with exit code 75 before it."""
-    left = _LEFT.get(_STATE.phase)
-    if left is None or _STATE.phase == "training":  # a stop under way that one rank did not finish
-        left = f"and the stop did not complete on every rank; {_STATE.kept()}"
+    # Otherwise a stop under way (training) that one rank did not finish.
+    left = _LEFT.get(_STATE.phase) or f"and the stop did not complete on every rank; {_STATE.kept()}"
     return (
         f"{ranks} stopped on a signal (exit code {Preempted.exit_code}) {left}; resume with `fit --resume auto` "
         f"(exit code {Preempted.exit_code}: preempted, resumable)"

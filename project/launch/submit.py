@@ -1,8 +1,6 @@
 """A job submitted elsewhere: ``parallel.launcher`` names a launcher that did not start this process (``ray``).
 
-Then this process is the job's driver: it parses, checks and plans as under any launcher, and a layer submits the
-same command to that launcher's workers and waits (the ray layer: a Ray Train job). Inside one of those workers the
-launcher is the one that started the process, and the command runs there as under any launcher.
+This process then plans as usual and a layer submits the same command to that launcher's workers, and waits.
 """
 
 from __future__ import annotations
@@ -13,24 +11,15 @@ from project.errors import UserError
 from project.layers import hooks
 from project.plan.environment import LaunchEnvironment
 
-#: ``parallel.launcher``'s value for "whichever launcher started the processes" (Lightning's, torchrun, SLURM, ...).
-AUTO = "auto"
+AUTO = "auto"  # parallel.launcher: whichever launcher started the processes (Lightning's, torchrun, SLURM, ...)
 
 
 def submitter(asked: str, environment: LaunchEnvironment) -> Callable[..., None] | None:
-    """How this process submits the job to the launcher ``asked``: an installed layer's ``submit`` hook's answer.
-
-    ``None`` where the job runs here: ``launcher: auto``, or inside a process that launcher started. The function
-    returned takes ``(argv, command, plan, run_in_worker)`` and waits for the job.
-
-    Raises:
-        UserError: no installed layer submits to ``asked`` (its layer was stripped), before anything is built.
-    """
+    """A layer's way to submit the job to ``asked``, ``fn(argv, command, plan, run_in_worker)``; ``None``: run here."""
     if asked in (AUTO, environment.launcher):
         return None
     for submits in hooks("submit"):
-        run = submits(asked)
-        if run is not None:
+        if (run := submits(asked)) is not None:
             return run
     raise UserError(
         f"parallel.launcher={asked} needs the {asked} layer (project/extras/{asked}), which this checkout does not "
