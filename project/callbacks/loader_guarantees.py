@@ -16,11 +16,12 @@ from typing import Any
 import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.utils.data import RandomSampler, SequentialSampler
 
 from project.callbacks.resume_position import check_resumable
 from project.parallel.ddp import evaluation_sampler, training_sampler
 from project.parallel.limits import TrainerLimits, refuse_unreachable_validation
-from project.parallel.sampler_install import Guarantee, takes_eval_sampler
+from project.parallel.sampler_install import Guarantee, rebuild_loader, takes_eval_sampler
 from project.parallel.samplers import GlobalBatchSampler
 from project.parallel.stream import GlobalBatchStream, is_stateful
 from project.run_state import RunState
@@ -108,6 +109,8 @@ class LoaderGuaranteesCallback(L.Callback):
     def _training(self, loader: Any, trainer: L.Trainer) -> Any:
         plan = self.state.with_data_batch(getattr(loader, "batch_size", None))  # the micro-batch picked so far kept
         self._train_limit = limit = trainer.limit_train_batches
+        if trainer.overfit_batches and isinstance(getattr(loader, "sampler", None), RandomSampler):
+            loader = rebuild_loader(loader, SequentialSampler(loader.dataset), loader.batch_size)  # as Lightning does
         loader, guarantee = training_sampler(loader, plan, trainer.global_rank, self.run_seed, limit)
         if guarantee.held:
             # Lightning warns that a plain DataLoader cannot resume mid-epoch; this sampler does it itself.

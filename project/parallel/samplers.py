@@ -1,5 +1,8 @@
 """World-size-invariant batching; both samplers subclass ``DistributedSampler`` so that Lightning keeps them.
 
+They are ``SequentialSampler``s too: under ``overfit_batches`` Lightning replaces any other sampler with one over the
+whole dataset on every rank (each rank would then train and evaluate on the same samples).
+
 Training: one seeded permutation per epoch is cut into *global* batches of ``B = b x world_size``, rank ``r`` taking
 ``[r*b, (r+1)*b)`` of each: the same batches at any world size, DDP's average the mean over ``B``. Evaluation: one
 contiguous, unpadded shard per rank, each sample once (DistributedSampler would repeat samples to even the shards).
@@ -10,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sized
 
 import torch
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, SequentialSampler
 
 from project.data.augment import EpochIndex
 
@@ -20,7 +23,7 @@ def _check_rank(num_replicas: int, rank: int) -> None:
         raise ValueError(f"rank={rank} must be in [0, {num_replicas}) and num_replicas={num_replicas} >= 1")
 
 
-class GlobalBatchSampler(DistributedSampler):
+class GlobalBatchSampler(DistributedSampler, SequentialSampler):
     """Training sampler whose global batches do not depend on the world size.
 
     ``batch_size``: the per-device ``b``; ``shuffle``: seeded ``seed + epoch``; an epoch is whole optimizer steps.
@@ -83,7 +86,7 @@ class GlobalBatchSampler(DistributedSampler):
         return self.num_global_batches * self.batch_size
 
 
-class EvalShardSampler(DistributedSampler):
+class EvalShardSampler(DistributedSampler, SequentialSampler):
     """Evaluation sampler: contiguous, unpadded shards of the first ``num_samples`` (all), each sample once."""
 
     def __init__(self, dataset: Sized, num_replicas: int = 1, rank: int = 0, num_samples: int | None = None) -> None:

@@ -248,3 +248,43 @@ def test_plan_says_how_many_samples_each_limit_means(tmp_path):
     assert (limits["test"]["batches"], limits["test"]["samples"]) == (2, 128)  # int(5 x 0.5) batches of 64
     assert limits["predict"]["samples"] == limits["predict"]["of"] == 270
     assert not re.search(r"error|Traceback", result.stderr)
+
+
+# No batch-coupled layers: the weights then agree at any world size within float noise (docs/parallel.md).
+PLAIN_NET = ["--model.init_args.net.init_args.dropout", "0", "--model.init_args.net.init_args.batch_norm", "false"]
+
+
+def _overfit(cwd: Path, layout: tuple[str, ...]) -> tuple[dict, list, dict]:
+    """``fit`` with ``overfit_batches 2`` at global batch 64: last.ckpt, the val/loss curve, plan.json's guarantees."""
+    cwd.mkdir()
+    args = [
+        "fit",
+        *configs(*layout),
+        "--trainer.overfit_batches",
+        "2",
+        "--parallel.global_batch_size",
+        "64",
+        *PLAIN_NET,
+    ]
+    result = run_cli([*args, "--trainer.max_epochs", "2", "--test_after_fit", "false"], cwd, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "overfit" not in result.stderr  # Lightning's "turning off the shuffling" warning: ours are in order
+    (run,) = run_dirs(cwd)
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    return state, read_scalars(run)["val/loss"], read_plan(run)["guarantees"]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_overfit_batches_trains_and_evaluates_the_same_samples_once_on_1_and_2_processes(tmp_path):
+    (one, one_loss, one_plan), (two, two_loss, two_plan) = two_at_a_time(
+        partial(_overfit, tmp_path / "one", ()), partial(_overfit, tmp_path / "two", ("--config", CPU_DDP))
+    )
+    for key, value in one["state_dict"].items():
+        assert torch.allclose(two["state_dict"][key], value, atol=1e-5), key
+    assert [s for s, _ in two_loss] == [s for s, _ in one_loss]
+    assert [v for _, v in two_loss] == pytest.approx([v for _, v in one_loss], abs=1e-5)
+    # 2 batches of 64 validation samples: the first 128, each once, over the processes; training in order.
+    assert one_plan["validation"]["limit"]["per_process"] == [128]
+    assert two_plan["validation"]["limit"]["per_process"] == [64, 64]
+    assert "in order" in two_plan["training"]["detail"] and "2 global batches of 64" in two_plan["training"]["detail"]
