@@ -109,7 +109,7 @@ class LoaderGuaranteesCallback(L.Callback):
     def _training(self, loader: Any, trainer: L.Trainer) -> Any:
         plan = self.state.with_data_batch(getattr(loader, "batch_size", None))  # the micro-batch picked so far kept
         self._train_limit = limit = trainer.limit_train_batches
-        if trainer.overfit_batches and isinstance(getattr(loader, "sampler", None), RandomSampler):
+        if getattr(trainer, "overfit_batches", 0) and isinstance(getattr(loader, "sampler", None), RandomSampler):
             loader = rebuild_loader(loader, SequentialSampler(loader.dataset), loader.batch_size)  # as Lightning does
         loader, guarantee = training_sampler(loader, plan, trainer.global_rank, self.run_seed, limit)
         if guarantee.held:
