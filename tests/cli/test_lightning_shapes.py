@@ -131,3 +131,18 @@ def test_plan_runs_no_prepare_data_writes_nothing_and_says_what_it_could_not_kno
     again = run_cli(["plan", "--config", DIGITS, *data, "--json"], tmp_path)
     assert again.returncode == 0 and sorted(str(p) for p in tmp_path.rglob("*")) == before
     assert not [n for n in json.loads(again.stdout.splitlines()[-1])["notes"] if "not built" in n]
+
+
+def test_a_monitor_typo_without_a_sanity_check_is_one_line_at_the_first_validation_and_saves(tmp_path):
+    # EarlyStopping listed first, checking at each validation end (val_check_interval 0.5): ours must still speak.
+    stop = {"class_path": "lightning.pytorch.callbacks.EarlyStopping", "init_args": {"monitor": "val/accuracy"}}
+    early = ("--trainer.callbacks+=" + json.dumps(stop), "--trainer.num_sanity_val_steps", "0")
+    result = run_cli(_digits(*early, "--trainer.val_check_interval", "0.5"), tmp_path)
+    assert_clean_error(
+        result,
+        "training reached step 9",
+        "EarlyStopping(monitor='val/accuracy'): Classifier never logs 'val/accuracy' in validation",
+        "(num_sanity_val_steps=0 checked it only now); the trained state is saved in",
+    )
+    last = tmp_path / "logs" / "digits" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 9
