@@ -9,6 +9,7 @@ from project.layers import hooks
 from project.plan.config import ParallelConfig
 from project.plan.layout import Layout
 from project.plan.precision import check_precision
+from project.plan.scenarios import SCENARIOS
 
 
 def resolve_backend(config: ParallelConfig, layout: Layout) -> str | None:
@@ -37,6 +38,13 @@ def resolve_backend(config: ParallelConfig, layout: Layout) -> str | None:
 def setting_notes(config: ParallelConfig, layout: Layout, strategy: str, start_method: str) -> list[str]:
     """The notes that do not depend on the batch: buffers, precision, each layer's, start method."""
     notes: list[str] = []
+    if SCENARIOS[layout.scenario].data_parallel == "shard":  # no DDP wrapper: its flags would be ignored silently
+        for name, default in {"find_unused_parameters": False, "broadcast_buffers": True}.items():
+            if (value := getattr(config.ddp, name)) != default:
+                raise UserError(
+                    f"parallel.ddp.{name}={value} applies to DDP, and scenario {layout.scenario!r} shards the "
+                    f"model instead; drop parallel.ddp.{name}, or use a scenario that replicates it (ddp, cpu)"
+                )
     if layout.world_size > 1 and not config.ddp.broadcast_buffers:
         notes.append("ddp.broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs")
     if precision_note := check_precision(config.precision, layout.accelerator):

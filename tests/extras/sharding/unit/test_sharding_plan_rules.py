@@ -67,6 +67,13 @@ def test_fsdp_settings_belong_to_fsdp():
     assert "parallel.fsdp.cpu_offload=True applies to scenario fsdp only" in offload
 
 
+def test_ddp_settings_are_refused_where_the_model_is_sharded():
+    message = error(0, scenario="fsdp", devices=2, backend="gloo", ddp={"broadcast_buffers": False})
+    assert message.startswith("parallel.ddp.broadcast_buffers=False applies to DDP, and scenario 'fsdp' shards"), message
+    unused = error(0, scenario="fsdp", devices=2, backend="gloo", ddp={"find_unused_parameters": True})
+    assert "drop parallel.ddp.find_unused_parameters" in unused
+
+
 def test_a_choice_of_a_subsection_built_in_code_is_checked_with_its_full_name():
     """The parser checks a ``Literal`` choice; a config built in code gets the same one line, subsections included."""
     sharding = error(0, scenario="fsdp", devices=2, fsdp={"sharding": "zero3"})
