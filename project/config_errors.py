@@ -130,7 +130,16 @@ def _bad_choice(message: str) -> str | None:
 
 
 # How a value of each type is written on the command line, for "is not ..." in one line.
-_TYPE_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "text", "NoneType": "null"}
+_TYPE_WORDS = {
+    "int": "a whole number",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "text",
+    "NoneType": "null",
+    "list": "a list ([a, b])",
+    "tuple": "a list ([a, b])",
+    "dict": "a mapping ({key: value})",
+}
 
 
 def _bad_type(message: str) -> str | None:
@@ -143,7 +152,9 @@ def _bad_type(message: str) -> str | None:
     # A union lists its types before "Errors:"; a plain type is "Expected" before the value (after: other types').
     expected = tail.split("Errors:")[0] if "Subtypes:" in tail[: found.start()] else tail[: found.start()]
     words: list[str] = []
-    for name, choices in re.findall(r"<class '(?:[\w.]+\.)?(\w+)'>|typing\.Literal\[([^\]]*)\]", expected):
+    types = r"<class '(?:[\w.]+\.)?(\w+)'>|typing\.Literal\[([^\]]*)\]|\b(list|tuple|dict)\["
+    for name, choices, generic in re.findall(types, expected):
+        name = name or generic
         word = _TYPE_WORDS.get(name, name) if name else ", ".join(c.strip() for c in choices.split(","))
         if word not in words and word != "NestedArg":
             words.append(word)

@@ -182,6 +182,10 @@ CASES = {
         ("parallel.micro_batch='abc' is not a whole number, 'auto' or null",),
         absent=("Parser key", "Union"),
     ),
+    "a-list-given-as-one-word": Case(
+        ("fit", *BASE, "--parallel.stop_signals", "SIGTERM"),
+        ("parallel.stop_signals='SIGTERM' is not a list ([a, b]); give parallel.stop_signals a list ([a, b])",),
+    ),
     # Issue 35: each strategy's options moved into its subsection; an old flat name says its new one.
     "old-flat-name-on-the-command-line": Case(
         ("fit", *BASE, "--parallel.find_unused_parameters", "true"),

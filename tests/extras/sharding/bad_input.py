@@ -9,6 +9,14 @@ CASES = {
         needles=("parallel.tensor_parallel.size='abc' is not a whole number",),
         absent=("Parser key", "Union"),
     ),
+    "split-points-given-as-one-name": dict(
+        args=("fit", *BASE, "--parallel.pipeline_parallel.split_points", "blocks.2"),
+        needles=("split_points='blocks.2' is not a list ([a, b]) or null",),
+    ),
+    "ddp-flag-under-fsdp": dict(
+        args=("fit", *BASE, "--parallel.scenario", "fsdp", "--parallel.ddp.find_unused_parameters", "true"),
+        needles=("parallel.ddp.find_unused_parameters=True applies to DDP, and scenario 'fsdp' shards the model",),
+    ),
     "sharded-checkpoint-without-metadata": dict(
         args=("test", *BASE, "--ckpt_path", "{tmp}/shards.ckpt"),
         needles=("shards.ckpt", "incomplete sharded", "no .metadata"),

@@ -69,7 +69,7 @@ def test_fsdp_settings_belong_to_fsdp():
 
 def test_ddp_settings_are_refused_where_the_model_is_sharded():
     message = error(0, scenario="fsdp", devices=2, backend="gloo", ddp={"broadcast_buffers": False})
-    assert message.startswith("parallel.ddp.broadcast_buffers=False applies to DDP, and scenario 'fsdp' shards"), message
+    assert message.startswith("parallel.ddp.broadcast_buffers=False applies to DDP, and scenario 'fsdp'"), message
     unused = error(0, scenario="fsdp", devices=2, backend="gloo", ddp={"find_unused_parameters": True})
     assert "drop parallel.ddp.find_unused_parameters" in unused
 
