@@ -32,6 +32,13 @@ class ProgressBar(RichProgressBar):
         self._last_draw = float("-inf")
         self._pending: tuple[Any, Any, int] | None = None
 
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        """Lightning's bar metrics, the run's version as text (rich formats every number as ``.3f``: "v_num: 0.000")."""
+        items = super().get_metrics(trainer, pl_module)
+        if "v_num" in items:
+            items["v_num"] = str(items["v_num"])
+        return items
+
     def _due(self, current: int, total: float | int | None) -> bool:
         now = time.monotonic()
         # The first and last batch always: the bar's it/s needs two points, its end the final count.
