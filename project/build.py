@@ -104,6 +104,8 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """Choose the checkpoint and resolve the layout, before anything is built."""
         config = self.config
+        if not self.row.trains:  # it saves nothing: which checkpoint-callback state it does not reload is noise
+            warnings.filterwarnings("ignore", message="The dirpath has changed from")
         environment = detect_environment()  # read once, before confirm_started_ranks sets this rank's variables
         if self.row.builds_trainer:
             refuse_stray_rank(environment)
