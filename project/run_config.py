@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks.progress import ProgressBar as LightningProgres
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 from lightning.pytorch.profilers import PassThroughProfiler
 
+from project.checkpoints.atomic import atomic_write_text
 from project.commands import COMMANDS
 from project.errors import UserError
 from project.layers import hooks
@@ -56,6 +57,21 @@ class SaveUserConfig(SaveConfigCallback):
                 del config[key]
         unpin_versions(config.get("trainer") or Namespace())
         super().__init__(parser, config, **kwargs)
+        self.parser = _WholeFileSaver(parser)  # type: ignore[assignment]
+
+
+class _WholeFileSaver:
+    """The parser, whose ``save`` writes config.yaml whole or not at all (a kill mid-write left an empty file)."""
+
+    def __init__(self, parser: LightningArgumentParser) -> None:
+        self._parser = parser
+
+    def save(self, config: Namespace, path: str, skip_none: bool = False, **_: Any) -> None:
+        """Dump ``config`` and write it to ``path`` in one rename."""
+        atomic_write_text(path, self._parser.dump(config, skip_none=skip_none))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parser, name)
 
 
 def unpin_versions(trainer: Namespace) -> None:
