@@ -14,7 +14,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from project.extras.sharding.fsdp.units import has_parameters, sharded_roots
+from project.extras.sharding.fsdp.units import (
+    has_parameters,
+    refuse_ties_across_networks,
+    sharded_roots,
+    tied_groups,
+    tied_outside,
+)
 from project.extras.sharding.plan.strategy_args import RESHARD_AFTER_FORWARD
 from project.parallel.collectives import process_group_size
 
@@ -56,15 +62,25 @@ def shard_module(
         "offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy(),
     }
     classes = tuple(wrap_classes)
+    roots = [root for _, root in sharded_roots(module)]
+    refuse_ties_across_networks(module)
     # A network reached under two names (`self.net = nn.Sequential(self.backbone, self.head)`) is one unit, sharded
     # once: fully_shard refuses a module it was already applied to.
     done: set[int] = set()
-    for _, root in sharded_roots(module):
-        # Reversed pre-order puts every module after its descendants: fully_shard goes bottom-up.
-        for sub in reversed(list(root.modules())):
-            if (sub is root or (isinstance(sub, classes) and has_parameters(sub))) and id(sub) not in done:
-                fully_shard(sub, **kwargs)
-                done.add(id(sub))
+    for group in tied_groups(roots):
+        for root in group:
+            # Reversed pre-order puts every module after its descendants: fully_shard goes bottom-up. A module whose
+            # weight is tied to one outside it stays in its network's group.
+            for sub in reversed(list(root.modules())):
+                unit = sub is not root and isinstance(sub, classes) and has_parameters(sub)
+                if unit and id(sub) not in done and not tied_outside(sub, roots):
+                    fully_shard(sub, **kwargs)
+                    done.add(id(sub))
+        # The outermost network of the group (one inside another is sharded with it).
+        inner = {id(m) for root in group for m in root.modules() if m is not root}
+        for root in (root for root in group if id(root) not in inner and id(root) not in done):
+            fully_shard(root, **kwargs)
+        done.update(id(root) for root in group)
 
 
 def point_optimizers_at(

@@ -42,6 +42,62 @@ def sharded_roots(module: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, child) for name, child in module.named_children() if has_parameters(child)]
 
 
+def tied_groups(roots: list[nn.Module]) -> list[list[nn.Module]]:
+    """The networks in groups that share no parameter with another group (tied weights: one group, one FSDP root).
+
+    A weight tied across two networks (``self.head.weight = self.embed.weight``) sharded as two roots would become
+    two shards that train apart; ``fully_shard`` of the group as a list keeps it one parameter.
+    """
+    groups: list[tuple[list[nn.Module], set[int]]] = []
+    for root in roots:
+        ids = {id(p) for p in root.parameters()}
+        joined = [group for group in groups if group[1] & ids]
+        for group in joined:
+            groups.remove(group)
+        groups.append(([m for g in joined for m in g[0]] + [root], ids.union(*(g[1] for g in joined))))
+    return [members for members, _ in groups]
+
+
+def refuse_ties_across_networks(module: nn.Module) -> None:
+    """Refuse a weight tied across two networks of the LightningModule, which FSDP shards as two roots.
+
+    Raises:
+        UserError: naming the tied parameters, with the fix (one network holding both, or scenario ddp).
+    """
+    named = sharded_roots(module)
+    for group in tied_groups([root for _, root in named]):
+        inner = {id(m) for root in group for m in root.modules() if m is not root}
+        outer = [name for name, root in named if any(root is g for g in group) and id(root) not in inner]
+        if len(outer) > 1:
+            first: dict[int, str] = {}
+            for name, root in named:
+                for key, p in root.named_parameters():
+                    first.setdefault(id(p), f"{name}.{key}")
+            tied = [
+                f"{name}.{key} is {first[id(p)]}"
+                for name, root in named
+                for key, p in root.named_parameters()
+                if first[id(p)] != f"{name}.{key}"
+            ]
+            raise UserError(
+                f"{type(module).__name__} ties weights across the networks {', '.join(outer)} ({tied[0]}), which "
+                "scenario fsdp shards one by one, so the tied weight would train as two copies; hold the tied modules "
+                "in one network with a forward of its own (self.net), or use scenario ddp"
+            )
+
+
+def tied_outside(unit: nn.Module, roots: Iterable[nn.Module]) -> bool:
+    """Whether ``unit`` holds a parameter that a module outside it holds too (it cannot be a unit of its own)."""
+    inside = {id(m) for m in unit.modules()}
+    mine = {id(p) for p in unit.parameters()}
+    return any(
+        id(p) in mine and id(m) not in inside
+        for root in roots
+        for m in root.modules()
+        for p in m.parameters(recurse=False)
+    )
+
+
 def _class_names(cls: type) -> set[str]:
     return {cls.__name__, f"{cls.__module__}.{cls.__qualname__}"}
 
