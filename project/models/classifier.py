@@ -58,7 +58,8 @@ class Classifier(L.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Log ``train/loss`` on the steps whose metrics the Trainer writes (``self.log`` is not free)."""
-        log_on_logged_steps(self, "train/loss", self._train_loss, prog_bar=True)
+        # sync_dist: the global batch's mean at any world size (the ranks' slices are equal), on logged steps only.
+        log_on_logged_steps(self, "train/loss", self._train_loss, prog_bar=True, sync_dist=True)
 
     def _evaluate(self, batch: Batch, stage: str, loss: MeanMetric, acc: MulticlassAccuracy) -> None:
         x, y = batch

@@ -104,18 +104,19 @@ SAME_GLOBAL = [
 ]  # fmt: skip
 
 
-def same_global_fit(cwd: Path, *layout: str) -> dict[str, torch.Tensor]:
-    """The weights of the SAME_GLOBAL fit on ``layout`` (a config right after digits.yaml; overrides after both)."""
+def same_global_fit(cwd: Path, *layout: str) -> tuple[dict[str, torch.Tensor], list[tuple[int, float]]]:
+    """The weights and ``train/loss`` of the SAME_GLOBAL fit on ``layout`` (a config right after digits.yaml)."""
     result = run_cli(["fit", "--config", DIGITS, *layout, *SAME_GLOBAL], cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = run_dirs(cwd)
     plan = read_plan(run)
     assert plan["global_batch_size"] == 32 and plan["per_device_batch_size"] == 32 // plan["world_size"]
-    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    weights = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    return weights, read_scalars(run)["train/loss"]
 
 
 @pytest.fixture(scope="module")
-def one_process_weights(tmp_path_factory) -> dict[str, torch.Tensor]:
+def one_process_weights(tmp_path_factory) -> tuple[dict[str, torch.Tensor], list[tuple[int, float]]]:
     """The reference: the SAME_GLOBAL fit on one process, shared by both layouts below."""
     return same_global_fit(tmp_path_factory.mktemp("one_process"))
 
@@ -123,11 +124,14 @@ def one_process_weights(tmp_path_factory) -> dict[str, torch.Tensor]:
 @pytest.mark.fast
 @pytest.mark.parametrize("layout", [CPU_DDP, FORK], ids=["ddp", "fork"])
 def test_same_global_batch_gives_same_weights_at_world_size_1_and_2(tmp_path, layout, one_process_weights):
-    one, two = one_process_weights, same_global_fit(tmp_path, "--config", layout)
+    (one, one_loss), (two, two_loss) = one_process_weights, same_global_fit(tmp_path, "--config", layout)
     assert one.keys() == two.keys()
     for key in one:
         assert not torch.equal(one[key], torch.zeros_like(one[key]))
         torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-6, msg=key)
+    # The logged curve is the global batch's mean too, not rank 0's half batch: the same curve at 1 and 2.
+    assert [step for step, _ in two_loss] == [step for step, _ in one_loss] and len(one_loss) > 1
+    assert [loss for _, loss in two_loss] == pytest.approx([loss for _, loss in one_loss], abs=1e-6)
 
 
 def test_a_late_rank_fails_the_run_naming_it(tmp_path):
