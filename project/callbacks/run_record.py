@@ -9,8 +9,10 @@ import json
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 
 from project.checkpoints.atomic import atomic_write_text
+from project.plan.resolve import Plan
 from project.run_state import RunState
 from project.runs import run_directory
 
@@ -63,7 +65,23 @@ class RunRecordCallback(L.Callback):
         if plan is None:
             record["world_size"] = trainer.world_size
         record["guarantees"] = dict(self.state.guarantees)
+        if plan is not None and (schedule := accumulation_schedule(trainer, plan)):
+            record["accumulation_schedule"] = schedule
+            steps = ", ".join(f"epoch {epoch}: {row['global_batch_size']}" for epoch, row in schedule.items())
+            record["notes"] = [*record["notes"], f"GradientAccumulationScheduler: global batches from {steps}"]
         for callback in trainer.callbacks:  # a layer's entries (elastic: the range, what a loss costs)
             entries = getattr(callback, "plan_record", None)
             record.update(entries(trainer) if callable(entries) else {})
         atomic_write_text(f"{log_dir}/plan.json", json.dumps(record, indent=2, default=str) + "\n")
+
+
+def accumulation_schedule(trainer: L.Trainer, plan: Plan) -> dict[str, dict[str, int]]:
+    """A ``GradientAccumulationScheduler``'s epochs: the accumulation and global batch from each; ``{}`` without one."""
+    scheduler = next((c for c in trainer.callbacks if isinstance(c, GradientAccumulationScheduler)), None)
+    per_step, _ = plan.loader_batches
+    if scheduler is None or per_step is None:
+        return {}
+    return {
+        str(epoch): {"accumulation": factor, "global_batch_size": per_step * plan.dp_size * factor}
+        for epoch, factor in sorted(scheduler.scheduling.items())
+    }

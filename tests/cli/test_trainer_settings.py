@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 import yaml
 
@@ -29,3 +31,21 @@ def test_trainer_accumulate_grad_batches_trains_as_parallel_accumulation(tmp_pat
         assert torch.equal(got["state_dict"][key], value), key
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["parallel"]["accumulation"] == 2 and saved["trainer"]["accumulate_grad_batches"] == 1
+
+
+def test_a_gradient_accumulation_scheduler_is_in_the_plan_with_each_epochs_global_batch(tmp_path):
+    schedule = '{"class_path": "lightning.pytorch.callbacks.GradientAccumulationScheduler", "init_args": '
+    schedule += '{"scheduling": {"0": 1, "1": 2}}}'
+    cwd = tmp_path / "scheduled"
+    cwd.mkdir()
+    args = ["fit", "--config", DIGITS, "--config", FAST, "--trainer.callbacks+=" + schedule, "--trainer.max_epochs"]
+    result = run_cli([*args, "2", "--trainer.limit_val_batches", "1", "--test_after_fit", "false"], cwd)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (run,) = run_dirs(cwd)
+    plan = json.loads((run / "plan.json").read_text())
+    batch = plan["global_batch_size"]
+    assert plan["accumulation_schedule"] == {
+        "0": {"accumulation": 1, "global_batch_size": batch},
+        "1": {"accumulation": 2, "global_batch_size": 2 * batch},
+    }
+    assert f"GradientAccumulationScheduler: global batches from epoch 0: {batch}, epoch 1: {2 * batch}" in plan["notes"]
