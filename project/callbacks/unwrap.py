@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from torch import nn
 
-from project.parallel.ddp import evaluate_unwrapped, rewrap
+from project.parallel.ddp import Unwrapped, evaluate_unwrapped, rewrap
 
 
 class UnwrapEvalCallback(L.Callback):
@@ -30,7 +29,7 @@ class UnwrapEvalCallback(L.Callback):
 
     def __init__(self, export: bool = True, export_best: bool = True, net_attribute: str | None = None) -> None:
         self.export, self.export_best, self.net_attribute = export, export_best, net_attribute
-        self._wrapper: nn.Module | None = None
+        self._unwrapped: Unwrapped | None = None
         #: The layer's callback that writes the export (filled at its ``setup``), if any.
         self.exporter: Any = None
         #: Path of the last export (rank 0), for the CLI's closing message.
@@ -46,9 +45,9 @@ class UnwrapEvalCallback(L.Callback):
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Swap the DDP wrapper for the bare module while validating (``model = model.module``)."""
-        self._wrapper = evaluate_unwrapped(trainer, pl_module)
+        self._unwrapped = evaluate_unwrapped(trainer, pl_module)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Put the wrapper back for training."""
-        rewrap(trainer, self._wrapper)
-        self._wrapper = None
+        """Put the wrapper, and each rank's own buffers, back for training."""
+        rewrap(trainer, pl_module, self._unwrapped)
+        self._unwrapped = None

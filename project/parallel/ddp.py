@@ -9,8 +9,9 @@ from __future__ import annotations
 import inspect
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -146,20 +147,34 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def evaluate_unwrapped(trainer: Any, pl_module: nn.Module) -> nn.Module | None:
-    """Evaluate the bare module with rank 0's buffers (BatchNorm statistics): the DDP wrapper taken off, or ``None``."""
+class Unwrapped(NamedTuple):
+    """What :func:`evaluate_unwrapped` changed, for :func:`rewrap` to undo: the wrapper, each rank's own buffers."""
+
+    wrapper: nn.Module | None
+    own_buffers: list[torch.Tensor]
+
+
+def evaluate_unwrapped(trainer: Any, pl_module: nn.Module) -> Unwrapped:
+    """Evaluate the bare module with rank 0's buffers (BatchNorm statistics): the DDP wrapper taken off."""
     model = trainer.strategy.model
     # A sharded (FSDP) module keeps its wrapper (its forward gathers its parameters) but gets rank 0's buffers too.
     swap = model is not None and unwrap(model) is not model
+    own: list[torch.Tensor] = []
     if (swap or row_of(trainer.strategy).shards_parameters) and trainer.world_size > 1:
+        # Each rank's own, put back after: with broadcast_buffers false they are its statistics to train on.
+        own = [buffer.detach().clone() for buffer in pl_module.buffers()]
         for buffer in pl_module.buffers():
             buffer.copy_(trainer.strategy.broadcast(buffer, src=0))
     if swap:
         trainer.strategy.model = pl_module
-    return model if swap else None
+    return Unwrapped(model if swap else None, own)
 
 
-def rewrap(trainer: Any, wrapper: nn.Module | None) -> None:
-    """Put the DDP wrapper :func:`evaluate_unwrapped` took off back for training."""
-    if wrapper is not None:
-        trainer.strategy.model = wrapper
+def rewrap(trainer: Any, pl_module: nn.Module, unwrapped: Unwrapped | None) -> None:
+    """Undo :func:`evaluate_unwrapped` for training: the DDP wrapper back, each rank's own buffers back."""
+    if unwrapped is None:
+        return
+    for buffer, own in zip(pl_module.buffers(), unwrapped.own_buffers, strict=False):
+        buffer.copy_(own)
+    if unwrapped.wrapper is not None:
+        trainer.strategy.model = unwrapped.wrapper
