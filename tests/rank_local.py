@@ -2,7 +2,8 @@
 
 Under ``parallel.ddp.broadcast_buffers: false`` each rank's ``mean`` follows its own batches. The module counts the
 training steps that found ``mean`` changed since the rank's previous step (by anything but its own update), and
-writes ``{rank: count}`` to ``record`` at the end of fit: 0 everywhere when nothing overwrote a rank's statistic.
+writes ``{rank: {"changed": count, "mean": its statistic}}`` to ``record`` at the end of fit: ``changed`` is 0
+everywhere when nothing overwrote a rank's statistic.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class RunningNormaliser(L.LightningModule):
     def on_fit_end(self) -> None:
         path = Path(self.record)
         found = json.loads(path.read_text()) if path.exists() else {}
-        path.write_text(json.dumps({**found, str(self.global_rank): self.changed}))
+        mine = {"changed": self.changed, "mean": self.mean.tolist()}
+        path.write_text(json.dumps({**found, str(self.global_rank): mine}))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)

@@ -1,6 +1,7 @@
-"""Every rank's random state in each checkpoint, and one checkpoint for all ranks: for an exact resume.
+"""Every rank's own state in each checkpoint (random generators, rank-local buffers), one checkpoint for all ranks.
 
-Lightning saves no random generators, so a resumed dropout would draw other numbers than the uninterrupted run.
+Lightning saves no random generators, so a resumed dropout would draw other numbers than the uninterrupted run; and
+it saves rank 0's buffers only, which under ``broadcast_buffers: false`` are rank 0's statistics, not the others'.
 They are put back after Lightning built the data iterator (which may draw a seed from them).
 """
 
@@ -13,6 +14,8 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from project.errors import UserError
 from project.parallel.collectives import gather_objects
@@ -39,6 +42,14 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
+def rank_local_buffers(trainer: L.Trainer | None, module: nn.Module) -> dict[str, torch.Tensor] | None:
+    """This rank's buffers when each rank keeps its own (DDP with ``broadcast_buffers`` off, several processes)."""
+    wrapper = trainer.strategy.model if trainer is not None else None
+    if not isinstance(wrapper, DistributedDataParallel) or wrapper.broadcast_buffers or trainer.world_size == 1:
+        return None
+    return {name: buffer.detach().cpu().clone() for name, buffer in module.named_buffers()}
+
+
 def derived_seed(step: int, rank: int) -> int:
     """A seed of its own for each (step, rank), the same whenever a run resumes at that step on that rank."""
     return (step * 1_000_003 + rank * 7_919 + 1) % 2**32
@@ -50,6 +61,7 @@ class RandomStateCallback(L.Callback):
     def __init__(self, ckpt_path: str | None = None) -> None:
         self.ckpt_path = ckpt_path
         self._to_restore: list[dict[str, Any]] | None = None
+        self._buffers: list[dict[str, torch.Tensor]] | None = None
         self._trainer: L.Trainer | None = None  # state_dict() gets no trainer argument
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -64,16 +76,27 @@ class RandomStateCallback(L.Callback):
             )
 
     def state_dict(self) -> dict[str, Any]:
-        """The random state of every rank (a collective: Lightning dumps checkpoints on all ranks)."""
-        return {"rng": gather_objects(_rng_state()) if self._trainer is not None else [_rng_state()]}
+        """The random state (and rank-local buffers) of every rank (collectives: Lightning dumps on all ranks)."""
+        state = {"rng": gather_objects(_rng_state()) if self._trainer is not None else [_rng_state()]}
+        trainer = self._trainer
+        if trainer is not None and (own := rank_local_buffers(trainer, trainer.lightning_module)) is not None:
+            state["buffers"] = gather_objects(own)  # the model's state holds rank 0's only
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Keep the saved random states until training starts."""
+        """Keep the saved random states (and rank-local buffers) until training starts."""
         self._to_restore = state_dict.get("rng")
+        self._buffers = state_dict.get("buffers")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Put this rank's saved generators back; on another world size, seed them from the step and the rank."""
         states, self._to_restore = self._to_restore, None
+        buffers, self._buffers = self._buffers, None
+        if buffers and len(buffers) == trainer.world_size:  # else every rank goes on from rank 0's (the model's)
+            own = buffers[trainer.global_rank]
+            for name, buffer in pl_module.named_buffers():
+                if name in own:
+                    buffer.copy_(own[name])
         if not states:
             return
         if len(states) == trainer.world_size:

@@ -46,7 +46,10 @@ def setting_notes(config: ParallelConfig, layout: Layout, strategy: str, start_m
                     f"model instead; drop parallel.ddp.{name}, or use a scenario that replicates it (ddp, cpu)"
                 )
     if layout.world_size > 1 and not config.ddp.broadcast_buffers:
-        notes.append("ddp.broadcast_buffers=false: each rank keeps its own BatchNorm running statistics between syncs")
+        notes.append(
+            "ddp.broadcast_buffers=false: each rank keeps its own buffers (BatchNorm statistics, any module's); "
+            "checkpoints save and restore every rank's, validation runs on rank 0's"
+        )
     if precision_note := check_precision(config.precision, layout.accelerator):
         notes.append(precision_note)
     for layer_notes in hooks("plan_notes"):  # a layer's subsection checked against the layout (sharding: fsdp)
