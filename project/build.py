@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from project import run_config
-from project.callbacks import LoaderGuaranteesCallback, StopOnSignal, template_callbacks
+from project.callbacks import BarrierCallback, LoaderGuaranteesCallback, StopOnSignal, template_callbacks
 from project.callbacks.dispatch import skip_idle_batch_hooks
 from project.callbacks.float64 import Float64BeforeRestore
 from project.callbacks.model_checks import (
@@ -207,4 +207,7 @@ class ProjectCLI(LightningCLI):
         for on_trainer in hooks("on_trainer"):  # the layers' hooks on the built Trainer (tracking: MLflow beside it)
             on_trainer(trainer, self.config, self.chosen, self.row)
         skip_idle_batch_hooks(trainer.callbacks)  # Lightning's own defaults (summary, checkpoint) included
+        group_timeout_s = plan.strategy_args.get("timeout_s") if plan is not None else None
+        for barrier in (c for c in trainer.callbacks if isinstance(c, BarrierCallback)):
+            barrier.group_timeout_s = group_timeout_s  # the seed's synchronize() waits no longer than a collective
         return trainer

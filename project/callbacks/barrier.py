@@ -20,7 +20,8 @@ class BarrierCallback(L.Callback):
     Args:
         points: Where to synchronise; any of setup, fit_start, train_epoch_end, validation_epoch_end,
             test_start, fit_end.
-        timeout_s: Seconds to wait before failing with the names of the missing ranks.
+        timeout_s: Seconds to wait before failing with the names of the missing ranks (at most
+            ``parallel.timeout_s``, the run's bound on every collective).
         log_waits: Log the slowest/fastest wait per barrier to the logger.
     """
 
@@ -32,6 +33,8 @@ class BarrierCallback(L.Callback):
         if timeout_s <= 0:
             raise ValueError(f"BarrierCallback timeout_s={timeout_s} must be > 0")
         self.points, self.timeout_s, self.log_waits = set(chosen), timeout_s, log_waits
+        #: The run's ``parallel.timeout_s`` (the CLI sets it): no barrier waits longer than any other collective.
+        self.group_timeout_s: float | None = None
         #: (point, min wait, max wait) of every barrier this process passed, for inspection.
         self.history: list[tuple[str, float, float]] = []
 
@@ -39,7 +42,8 @@ class BarrierCallback(L.Callback):
         if point not in self.points or trainer.world_size == 1:
             return
         # Every rank takes part in the gather; only rank 0 writes.
-        waits = gather_ranks(trainer, torch.tensor(synchronize(point, self.timeout_s), dtype=torch.float64))
+        timeout_s = min(self.timeout_s, self.group_timeout_s or self.timeout_s)
+        waits = gather_ranks(trainer, torch.tensor(synchronize(point, timeout_s), dtype=torch.float64))
         low, high = float(waits.min()), float(waits.max())
         self.history.append((point, low, high))
         if self.log_waits and trainer.is_global_zero and trainer.logger is not None:

@@ -146,6 +146,20 @@ def test_a_late_rank_fails_the_run_naming_it(tmp_path):
     assert elapsed < 10 + 30 + 15, elapsed
 
 
+def test_a_barrier_waits_no_longer_than_the_runs_timeout(tmp_path):
+    """BarrierCallback(timeout_s=300) under parallel.timeout_s 10: a late rank ends the run as any collective would."""
+    late = tmp_path / "late.yaml"
+    text = (REPO / "tests" / "configs" / "late_rank.yaml").read_text()
+    late.write_text(text.replace("timeout_s: 10", "timeout_s: 300"))
+    start = time.monotonic()
+    args = ["fit", "--config", DIGITS, "--config", CPU_DDP, "--config", str(late), "--parallel.timeout_s", "10"]
+    result = run_cli(args, tmp_path, timeout=200)
+    elapsed = time.monotonic() - start
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "barrier 'setup'" in output and "(timeout 10 s)" in output, output[-3000:]
+    assert elapsed < 10 + 30 + 15, elapsed
+
+
 def test_accumulation_reaches_the_weights_of_the_whole_global_batch(tmp_path):
     """1 x 64, 2 x 32, 1 x (4 micro-batches of 16), 2 x (2 x 16): one global batch of 64 per step, the same weights."""
     common = ["fit", "--config", DIGITS, "--config", FAST, "--model.init_args.net.init_args.dropout", "0"]
