@@ -15,6 +15,7 @@ from typing import Any
 
 import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import RandomSampler, SequentialSampler
 
@@ -141,6 +142,17 @@ class LoaderGuaranteesCallback(L.Callback):
         """A new epoch: nothing of it trained yet."""
         self._position = (trainer.current_epoch, 0)
         self._limits.at_epoch_start(trainer)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, index: int) -> None:
+        """The first batch of an epoch resumed mid-way: its GradientAccumulationScheduler factor, which Lightning skips.
+
+        Lightning calls no ``on_train_epoch_start`` when it restarts mid-epoch, where the scheduler sets the factor:
+        the resumed epoch would step after every batch (found by the conformance lane).
+        """
+        if self._resume_point is not None and self._resume_point[1] > 0:
+            for scheduler in (c for c in trainer.callbacks if isinstance(c, GradientAccumulationScheduler)):
+                trainer.accumulate_grad_batches = scheduler.get_accumulate_grad_batches(trainer.current_epoch)
+        self._resume_point = None
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int

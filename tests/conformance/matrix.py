@@ -62,6 +62,7 @@ class Feature:
             several processes the cell is refused when the run ends with one ``error:`` line and no traceback,
             keeping what it wrote (a run that trained is never undone).
         needs: Layout -> the layer that makes the feature work there; without the layer its cells do not run.
+        evaluated: The samples each validation sees (the first ones, in order), when the feature limits them.
     """
 
     name: str
@@ -76,13 +77,14 @@ class Feature:
     predict: bool = False
     refused_at_step: str = ""
     needs: dict[str, str] = field(default_factory=dict)
+    evaluated: int | None = None
 
     def args(self) -> list[str]:
         """The feature's part of the command line (after the base config and the layout)."""
         return ["--model", PACKAGE + self.model, "--data", PACKAGE + self.data, *self.options]
 
 
-CLIP = "--trainer.gradient_clip_val"
+CLIP, VAL_EVERY = "--trainer.gradient_clip_val", "--trainer.val_check_interval"
 TIME_SKIP = "where a time limit stops depends on the machine's speed: not reproducible across runs"
 FEATURES: tuple[Feature, ...] = (
     Feature("plain module", "a LightningModule and LightningDataModule with nothing else"),
@@ -208,6 +210,53 @@ FEATURES: tuple[Feature, ...] = (
         "`--trainer.limit_train_batches 4`",
         options=("--trainer.limit_train_batches", "4"),
         kill_step=7,
+    ),
+    # Issue 46: the third round's shapes.
+    Feature(
+        "overfit_batches",
+        "`--trainer.overfit_batches 2` over 4 epochs (2 batches of training and of validation, in order)",
+        options=("--trainer.overfit_batches", "2", "--trainer.max_epochs", "4"),
+        kill_step=7,
+        evaluated=16,
+    ),
+    Feature("tied weights", "two layers sharing one weight", model="shapes_steps.TiedWeights"),
+    Feature(
+        "rank-local buffer",
+        "a running input mean each rank keeps itself (`broadcast_buffers: false`)",
+        model="shapes_steps.RunningNormaliser",
+        skip={"weights": "a rank's own statistic follows its own samples: it depends on the world size by design"},
+    ),
+    Feature(
+        "LearningRateFinder",
+        "`LearningRateFinder(num_training_steps=5)` before training (within the first epoch)",
+        options=(callback("lightning.pytorch.callbacks.LearningRateFinder", num_training_steps=5),),
+    ),
+    Feature(
+        "GradientAccumulationScheduler",
+        "`GradientAccumulationScheduler(scheduling={0: 1, 1: 2})`",
+        options=(callback("lightning.pytorch.callbacks.GradientAccumulationScheduler", scheduling={"0": 1, "1": 2}),),
+        kill_step=8,
+    ),
+    Feature(
+        "monitor typo, no sanity check",
+        "`ModelCheckpoint(monitor=val/typo)` with `--trainer.num_sanity_val_steps 0`",
+        options=(
+            "--trainer.num_sanity_val_steps",
+            "0",
+            callback("lightning.pytorch.callbacks.ModelCheckpoint", monitor="val/typo"),
+        ),
+        refused_at_step="without a sanity check the monitor is proven at the first validation (the state saved first)",
+    ),
+    Feature("val_check_interval fraction", "`--trainer.val_check_interval 0.5`", options=(VAL_EVERY, "0.5")),
+    Feature(
+        "check_val_every_n_epoch",
+        "`--trainer.check_val_every_n_epoch 2` over 4 epochs",
+        options=("--trainer.check_val_every_n_epoch", "2", "--trainer.max_epochs", "4"),
+    ),
+    Feature(
+        "reload_dataloaders_every_n_epochs",
+        "`--trainer.reload_dataloaders_every_n_epochs 1`",
+        options=("--trainer.reload_dataloaders_every_n_epochs", "1"),
     ),
 )
 BY_NAME = {feature.name: feature for feature in FEATURES}

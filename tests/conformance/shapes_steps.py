@@ -12,7 +12,7 @@ import torch
 import torchmetrics
 from conformance.shapes_models import PointsRegressor, write_record
 from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
-from torch import Tensor
+from torch import Tensor, nn
 
 
 class Metrics(PointsRegressor):
@@ -90,3 +90,31 @@ class StopsItself(PointsRegressor):
         """Stop."""
         if self.trainer.global_step == 11:
             self.trainer.should_stop = True
+
+
+class TiedWeights(PointsRegressor):
+    """Two layers sharing one weight (``self.net[2].weight = self.net[0].weight``), as tied embeddings are."""
+
+    def build(self) -> nn.Module:
+        """8 -> 8 -> 8 -> 1, the two 8 x 8 layers one weight."""
+        net = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+        net[2].weight = net[0].weight
+        return net
+
+
+class RunningNormaliser(PointsRegressor):
+    """Inputs minus a running mean each rank keeps itself (a buffer, rank-local under ``broadcast_buffers: false``)."""
+
+    def __init__(self, lr: float = 0.05) -> None:
+        super().__init__(lr)
+        self.register_buffer("mean", torch.zeros(8))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The prediction of the normalised input."""
+        return self.net(x - self.mean)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        """The loss; the running mean follows this rank's samples."""
+        with torch.no_grad():
+            self.mean.mul_(0.9).add_(0.1 * batch[1].mean(0))
+        return self.loss(batch)

@@ -217,7 +217,7 @@ class Lane:
             raise CellFails("no evaluation ran")
         for (kind, step, loader), counts in sorted(evaluations.items()):
             twice = sorted(i for i, n in counts.items() if n > 1)
-            missing = sorted(set(range(EVAL_SIZES[loader])) - set(counts))
+            missing = sorted(set(range(feature.evaluated or EVAL_SIZES[loader])) - set(counts))
             if twice or missing:
                 where = f"{kind} at step {step}, loader {loader}"
                 raise CellFails(f"{where}: samples seen more than once {twice[:6]}, never {missing[:6]}")
