@@ -34,6 +34,8 @@ CHECKS = {
     "weights": "(a) 1 vs 2 processes, same global batch: the same final weights (last.ckpt, within 1e-5), and "
     "last.ckpt holds the step training ended at",
     "resume": "(b) SIGKILL of rank 1 mid-epoch, then `--resume auto`: the uninterrupted run's last.ckpt (within 1e-6)",
+    "resume_epoch_end": "(b') the same, rank 1 killed right after the first epoch-end save (step 7, before step 8): "
+    "resumed from the position every epoch scheduler, plateau, early stop and SWA acted at (features where they do)",
     "eval_once": "(c) every evaluation (validation; test and predict where the feature runs them) sees each sample "
     "exactly once over the ranks, the same evaluations as on 1 process, and a whole-set metric the 1-process value",
 }
@@ -271,9 +273,30 @@ def not_applicable(feature: Feature, layout: str, check: str) -> str | None:
         return f"the {layer} layer, which makes it work on this layout, is not installed"
     if check == "weights" and layout == REFERENCE:
         return "the reference the 2-process layouts are compared with"
-    if check == "resume" and layout != RESUME_LAYOUT:
+    if check in ("resume", "resume_epoch_end") and layout != RESUME_LAYOUT:
         return "kill + resume runs on the 2-process DDP layout (one per feature: the lane's time)"
+    if check == "resume_epoch_end" and feature.name not in EPOCH_END_FEATURES:
+        return "nothing of the feature acts at an epoch end: the mid-epoch resume (b) covers it"
+    if check == "resume_epoch_end" and "resume" in feature.skip:
+        return feature.skip["resume"]
     return None
+
+
+#: The features whose state changes at an epoch end (schedulers, plateau, early stopping, SWA, accumulation, a user's
+#: own last.ckpt): their resume is also checked from the first epoch-end save.
+EPOCH_END_FEATURES = frozenset(
+    {
+        "plain module",
+        "LR scheduler by epoch",
+        "ReduceLROnPlateau",
+        "EarlyStopping",
+        "StochasticWeightAveraging",
+        "own ModelCheckpoint",
+        "GradientAccumulationScheduler",
+        "rank-local buffer",
+        "check_val_every_n_epoch",
+    }
+)
 
 
 def cells() -> list[tuple[str, str, str]]:

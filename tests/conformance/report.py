@@ -24,14 +24,16 @@ INTRO = """# Conformance: Lightning's features on every layout
 Your own `LightningModule` gets every guarantee, or a one-line refusal before training. This page is that
 promise checked feature by feature: one small plain-Lightning module, datamodule, callback or Trainer option per
 documented Lightning feature that touches training state, data or evaluation (written as users write them, in
-[`tests/conformance/`](../tests/conformance/)), run on each layout, each cell checked three ways:
+[`tests/conformance/`](../tests/conformance/)), run on each layout, each cell checked in up to four ways (a resume
+from two checkpoint positions):
 
 {checks}
 
 A cell **holds**, or is **refused**: exit non-zero with one `error:` line before training, nothing written. A
 **FAILS** cell does neither: the lane fails until it is fixed. A check that does not apply says why. One feature
 can only be refused when it happens, because it depends on the data (a `training_step` that returns None on several
-processes): its refusal is one `error:` line at that step, no traceback, and the run keeps what it wrote.
+processes, a monitor checked at the first validation when there is no sanity check): its refusal is one `error:`
+line at that step, no traceback, and the run keeps what it wrote.
 
 This page is generated: `make conformance` runs the lane (`tests/conformance`, marker `conformance`, two pytest-xdist
 workers) and rewrites it when every cell was judged. CI (`.ci/run`) runs `make test`, `make test-slow`, then

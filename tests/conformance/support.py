@@ -26,6 +26,8 @@ from helpers import has_layer, run_cli, run_dirs
 RESULTS_ENV = "CONFORMANCE_RESULTS"  # the folder each cell's verdict is written to (conftest.py sets it)
 EVAL_SIZES = {0: VAL, 1: 13}  # dataloader_idx -> samples (shapes_data.SeveralEvalLoaders' second split: 13)
 WEIGHTS_ATOL, RESUME_ATOL, METRIC_ATOL = 1e-5, 1e-6, 1e-5
+#: 6 steps an epoch: the epoch-end save is taken right after step 7 (the next epoch's first), a kill before step 8.
+EPOCH_END_KILL_STEP = 8
 Verdict = tuple[str, str]  # ("holds" | "refused" | "fails", the detail: the refusal's line, what went wrong)
 
 
@@ -185,13 +187,18 @@ class Lane:
         ends_where_trained(run, mine)
         compare(mine, reference, feature.keys, WEIGHTS_ATOL)
 
-    def check_resume(self, feature: Feature, layout: str, run: Run) -> None:
+    def check_resume_epoch_end(self, feature: Feature, layout: str, run: Run) -> None:
+        """(b'): killed right after the first epoch-end save (before step 8), resumed: the uninterrupted run's end."""
+        self.check_resume(feature, layout, run, EPOCH_END_KILL_STEP)
+
+    def check_resume(self, feature: Feature, layout: str, run: Run, kill_step: int | None = None) -> None:
         """(b): killed at ``kill_step`` on rank 1, resumed with ``--resume auto``: the uninterrupted run's end."""
         assert layout == RESUME_LAYOUT
-        kill = callback("faults.KillAtStep", step=feature.kill_step, rank=1)
-        killed = self.fit(feature, layout, "killed", kill)
+        step = feature.kill_step if kill_step is None else kill_step
+        kill = callback("faults.KillAtStep", step=step, rank=1)
+        killed = self.fit(feature, layout, f"killed-{step}", kill)
         if killed.result.returncode == 0:
-            raise CellFails(f"the run ended before step {feature.kill_step}, where rank 1 was to be killed")
+            raise CellFails(f"the run ended before step {step}, where rank 1 was to be killed")
         resumed = Run(
             killed.cwd,
             run_cli(
