@@ -18,6 +18,8 @@ from project.plan.environment import LaunchEnvironment
 from project.plan.resolve import Hardware, ParallelConfig
 from project.run_state import RunState
 
+from helpers import has_layer
+
 LOCAL = LaunchEnvironment(launcher="lightning", external=False)
 TRIALS = ((64, False), (32, False), (16, True))
 
@@ -83,8 +85,10 @@ def test_a_number_is_the_per_device_batch():
         ({"micro_batch": 16, "per_device_batch_size": 32}, "two names of one setting"),
         ({"micro_batch": 0}, "must be a number of samples >= 1"),
         ({"micro_batch": "max"}, "must be a number of samples >= 1"),
-        ({"micro_batch": "auto", "scenario": "fsdp", "devices": 2}, "scenario 'fsdp' shards across processes"),
-        ({"micro_batch": "auto", "scenario": "zero1", "devices": 2}, "scenario 'zero1' shards across processes"),
+        *(
+            (({"micro_batch": "auto", "scenario": name, "devices": 2}, f"scenario '{name}' shards across processes"))
+            for name in (("fsdp", "zero1") if has_layer("sharding") else ())  # the sharding layer's scenarios
+        ),
         ({"micro_batch": 12, "global_batch_size": 128, "scenario": "cpu", "devices": 2}, "does not divide"),
         ({"micro_batch": "auto", "precision": "16-mixed", "gpus": 1}, "the float16 loss scaler is not applied"),
     ],
