@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from torch import nn
 
 from project.errors import UserError
+from project.extras.sharding.fsdp.units import tied_outside
 
 #: Modules that act on each feature alone: a colwise Linear's slice of features passes through them unchanged.
 ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Mish, nn.Dropout, nn.Identity)
@@ -157,7 +158,18 @@ def resolve_tensor_plan(model: nn.Module, plan: str | Mapping[str, str], tp: int
     else:
         styles = _from_patterns(model, plan)
     _check_divisible(model, styles, tp)
+    _refuse_tied(model, styles)
     return styles
+
+
+def _refuse_tied(model: nn.Module, styles: Mapping[str, str]) -> None:
+    """A module split over the ranks whose weight is tied to one outside it: the two would no longer be one weight."""
+    for name, style in styles.items():
+        if style != HOOK and tied_outside(model.get_submodule(name), [model]):
+            raise UserError(
+                f"parallel.tensor_parallel splits {name} ({style}), whose weight is tied to a module outside it "
+                "(tied embeddings): split, it would train apart from its tie; leave it out of the plan, or untie it"
+            )
 
 
 def split_parameter_names(model: nn.Module, styles: Mapping[str, str]) -> set[str]:

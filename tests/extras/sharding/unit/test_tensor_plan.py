@@ -125,3 +125,24 @@ def test_memory_divides_the_split_layers_and_precision_64_doubles_every_byte():
         == 2 * whole["per_device"]["ddp"]["optimizer_state"]["bytes"]
     )
     assert torch.float32 == next(mlp.parameters()).dtype  # the plan counted, it converted nothing
+
+
+class _TiedHead(nn.Module):
+    """An embedding and a head sharing its weight, with a splittable MLP between (a tied LM in miniature)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+        self.head = nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_a_tied_module_is_never_split_and_the_rest_of_the_plan_is():
+    model = _TiedHead()
+    assert resolve_tensor_plan(model, {"mlp.0": "colwise", "mlp.2": "rowwise"}, 2) == {
+        "mlp.0": "colwise",
+        "mlp.2": "rowwise",
+    }
+    with pytest.raises(UserError, match=r"splits head \(colwise\), whose weight is tied to a module outside it"):
+        resolve_tensor_plan(model, {"head": "colwise"}, 2)
