@@ -53,11 +53,15 @@ def _parents(fs: Any, remote: str) -> None:
         fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
 
 
+class DamagedObject(OSError):
+    """An object whose size or SHA-256 is not what its commit names."""
+
+
 def get(fs: Any, remote: str, local: Path, expected: dict[str, Any] | None = None) -> None:
     """Download ``remote`` onto ``local`` atomically (a hidden temporary file renamed onto it); check the digest.
 
     Raises:
-        OSError: the download's size or SHA-256 is not the commit's (a changed or damaged object).
+        DamagedObject: the download's size or SHA-256 is not the commit's (a changed or damaged object).
     """
     local.parent.mkdir(parents=True, exist_ok=True)
     partial = local.with_name(f".{local.name}.{os.getpid()}.download")
@@ -66,7 +70,7 @@ def get(fs: Any, remote: str, local: Path, expected: dict[str, Any] | None = Non
         if expected is not None and (
             os.path.getsize(partial) != expected.get("size") or sha256_of(partial) != expected.get("sha256")
         ):
-            raise OSError(f"{remote} is not the object its commit names (size or SHA-256 differ)")
+            raise DamagedObject(f"{remote} is not the object its commit names (size or SHA-256 differ)")
         os.replace(partial, local)
     finally:
         partial.unlink(missing_ok=True)

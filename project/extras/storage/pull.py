@@ -13,10 +13,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
-from project.errors import UserError
+from project.errors import UserError, first_line
 from project.extras.storage import location, objects
 from project.extras.storage.commits import COMMIT_SUFFIX, commit_path, committed
 from project.extras.storage.location import Store, active, is_url, open_store
@@ -45,7 +46,10 @@ def pull(store: Store, name_root: Path, version: str | None) -> Path | None:
     _, run, records = newest
     checkpoints = name_root / run / "checkpoints"
     for name, record in records.items():
-        fetch(store, f"{remote_root}/{run}/checkpoints", record, checkpoints / name)
+        try:
+            fetch(store, f"{remote_root}/{run}/checkpoints", record, checkpoints / name)
+        except (FileNotFoundError, objects.DamagedObject) as error:  # left out: the resume takes an intact one
+            sys.stderr.write(f"warning: the committed checkpoint {name} of {run} is left out: {first_line(error)}\n")
     return name_root / run
 
 

@@ -96,15 +96,24 @@ def test_the_cache_is_replaced_by_what_the_store_committed(store):
     assert not pull.counts(stranger)
 
 
-def test_a_damaged_object_is_refused_on_the_way_down(store):
-    last = store.scratch / "digits/version_0/checkpoints/last.ckpt"
+def test_a_damaged_or_missing_object_is_left_out_and_an_intact_checkpoint_is_chosen(store, capsys):
+    checkpoints = store.scratch / "digits/version_0/checkpoints"
+    intact = save(checkpoints / "epoch=0-step=5.ckpt", 5)
+    commits.upload(store, intact)
+    last = checkpoints / "last.ckpt"
     record = commits.upload(store, save(last, 10))
-    remote = store.remote(last.parent)
+    best = save(checkpoints / "best.ckpt", 9)
+    missing = commits.upload(store, best)
+    remote = store.remote(checkpoints)
     store.fs.pipe_file(f"{remote}/{record['data']}", b"not the checkpoint")
+    store.fs.rm_file(f"{remote}/{missing['data']}")
     wipe(store)
-    with pytest.raises(OSError, match="not the object its commit names"):
-        pull.pull(store, store.scratch / "digits", None)
-    assert not last.exists()
+    pull.pull(store, store.scratch / "digits", None)
+    said = capsys.readouterr().err
+    assert "warning: the committed checkpoint last.ckpt of version_0 is left out" in said
+    assert "not the object its commit names" in said and "best.ckpt of version_0 is left out" in said
+    assert not last.exists() and not best.exists()
+    assert safe_load(intact)["global_step"] == 5 and pull.counts(intact)
 
 
 def test_the_newest_committed_run_is_pulled_and_a_withdrawn_checkpoint_is_gone(store):
