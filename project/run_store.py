@@ -101,7 +101,12 @@ def layer_stores() -> tuple[RunStore, ...]:
 
 def store_for(url: str, option: str) -> RunStore:
     """The installed store that serves ``url``, given as ``option``; a ``UserError`` if none does (layer stripped)."""
-    scheme = url.split("://", 1)[0]
+    scheme, _, where = url.partition("://")
+    if not where.strip("/"):  # `s3://$BUCKET/runs` with the variable unset: no bucket, a local `s3:` folder else
+        raise UserError(
+            f"{option} {url!r} names no bucket or location after {scheme}:// (an unset variable?); give "
+            f"{scheme}://bucket/prefix, or a local path"
+        )
     for store in layer_stores():
         if scheme in store.schemes or "*" in store.schemes:
             return store

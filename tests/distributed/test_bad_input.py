@@ -182,6 +182,11 @@ CASES = {
         ("parallel.micro_batch='abc' is not a whole number, 'auto' or null",),
         absent=("Parser key", "Union"),
     ),
+    "save-dir-url-without-a-bucket": Case(
+        ("fit", *BASE, "--trainer.logger.init_args.save_dir", "s3://"),
+        ("save_dir 's3://' names no bucket or location after s3:// (an unset variable?)", "s3://bucket/prefix"),
+        outside=("s3:",),
+    ),
     "a-list-given-as-one-word": Case(
         ("fit", *BASE, "--parallel.stop_signals", "SIGTERM"),
         ("parallel.stop_signals='SIGTERM' is not a list ([a, b]); give parallel.stop_signals a list ([a, b])",),
