@@ -56,7 +56,7 @@ class MonitoredMetricsCheck(L.Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A real validation ran; the first one is checked when no sanity check was (the trained state saved first)."""
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or trainer.state.fn != "fit":  # `validate` monitors nothing
             return
         self.validated = True
         if not self.checked and _unlogged(trainer, pl_module) is not None:
