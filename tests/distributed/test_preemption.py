@@ -79,7 +79,9 @@ def test_no_collective_runs_on_an_ordinary_step(tmp_path):
             int(k): v for k, v in json.loads((tmp_path / "record" / f"collectives{rank}.json").read_text()).items()
         }
         stop = max(counts)
-        # Step 1 checks the checkpoint clock (one broadcast), the stop step meets once (a barrier): in between, none.
-        ordinary = {step: n for step, n in counts.items() if 1 < step < stop}
-        assert ordinary == {}, counts
+        # Step 1 checks the checkpoint clock (one broadcast), the stop step meets once (a barrier): in between, none
+        # but on a logged step (every 10: digits.yaml), whose train/loss Lightning reduces to the global batch's mean.
+        ordinary = {step: n for step, n in counts.items() if 1 < step < stop and step % 10}
+        logged = {step: n for step, n in counts.items() if 1 < step < stop and not step % 10}
+        assert ordinary == {} and all(n <= 2 for n in logged.values()), counts
         assert counts[stop] >= 1  # the counter does see the stop's barrier
